@@ -1,0 +1,1 @@
+"""Placeholder: see issues 3 and 6."""

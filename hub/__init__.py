@@ -1,0 +1,1 @@
+"""meterhub hub side: site config, the CLI, pages and the wiring of hooks."""

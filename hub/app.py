@@ -1,0 +1,157 @@
+"""The meterhub JupyterHub application: site config in, a running hub out.
+
+`MeterHub` is JupyterHub with the site config as its only configuration source and a GPU
+allocation check after the hub has looked at the servers that survived a restart.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import secrets
+import shutil
+import sys
+
+from jupyterhub.app import JupyterHub
+from traitlets.config import Config
+
+from spawner.local import LocalGPUSpawner
+from spawner.sandbox import bwrap_works
+
+from .config import ConfigError, apply_config, demo_pool_dir, load_site_config
+from .demo_pool import ensure_demo_pool
+
+ADMIN_SERVICE = "meterhub-admin"
+
+
+class MeterHub(JupyterHub):
+    name = "meterhub"
+    description = "meterhub: GPU notebooks by the hour"
+
+    def load_config_file(self, *args, **kwargs):
+        """The site config is the only source of configuration; ignore jupyterhub_config.py."""
+
+    async def init_spawners(self):
+        result = await super().init_spawners()
+        if issubclass(self.spawner_class, LocalGPUSpawner):
+            await self.reconcile_gpus()
+        return result
+
+    async def reconcile_gpus(self):
+        """Release GPUs held by servers that are no longer running (e.g. the hub DB lost them)."""
+        active = set()
+        some_spawner = None
+        for user in self.users.values():
+            for spawner in user.spawners.values():
+                if isinstance(spawner, LocalGPUSpawner):
+                    some_spawner = some_spawner or spawner
+                    if spawner.active:
+                        active.add(spawner.owner_key)
+        if some_spawner is None:
+            user = next(iter(self.users.values()), None)
+            if user is None:
+                return
+            some_spawner = user.spawners[""]
+        released = await asyncio.to_thread(some_spawner.allocator.reconcile, active)
+        for owner, indices in released.items():
+            self.log.warning("Released GPUs %s held by %s, which is not running", indices, owner)
+
+
+def _secret_file(path: str, nbytes: int = 32) -> tuple[str, bool]:
+    """Read a secret kept in a 0600 file, creating it on first use; (secret, created)."""
+    if os.path.exists(path):
+        with open(path) as f:
+            return f.read().strip(), False
+    secret = secrets.token_urlsafe(nbytes)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(secret + "\n")
+    return secret, True
+
+
+def find_proxy() -> str:
+    """configurable-http-proxy: on PATH, or installed by `make` into the environment."""
+    for candidate in (
+        shutil.which("configurable-http-proxy"),
+        os.path.join(sys.prefix, "node_modules", ".bin", "configurable-http-proxy"),
+    ):
+        if candidate and os.path.exists(candidate):
+            return candidate
+    raise ConfigError(
+        "configurable-http-proxy not found: install it with"
+        " `npm install --prefix .venv configurable-http-proxy@5.2.0` (make does this)"
+    )
+
+
+def sandbox_warning(site: dict) -> str:
+    mode = site["local"]["sandbox"]
+    if mode == "bwrap":
+        return ""
+    why = "sandbox is off in the site config" if mode == "off" else bwrap_works()
+    if not why:
+        return ""
+    return (
+        f"Servers run WITHOUT a sandbox ({why}): each can read the hub's data directory"
+        " and, unless the hub runs as root, other users' disks. Install bubblewrap."
+    )
+
+
+def runtime_config(site: dict, c: Config, ip: str, port: int, environ) -> dict:
+    """Add what depends on this machine and its secrets; returns facts to tell the operator."""
+    data_dir = site["data_dir"]
+    c.JupyterHub.ip = ip
+    c.JupyterHub.port = port
+    c.ConfigurableHTTPProxy.command = [find_proxy()]
+    c.ConfigurableHTTPProxy.auth_token = _secret_file(os.path.join(data_dir, "proxy-token"))[0]
+    admin = site["admin_users"][0]
+    password_file = os.path.join(data_dir, "admin-password")
+    password, created = _secret_file(password_file)
+    c.SharedPasswordAuthenticator.admin_password = password
+    token = environ.get("METERHUB_ADMIN_TOKEN")
+    if token:
+        c.JupyterHub.services = [{"name": ADMIN_SERVICE, "api_token": token}]
+        c.JupyterHub.load_roles = [
+            {"name": "admin", "users": list(site["admin_users"]), "services": [ADMIN_SERVICE]}
+        ]
+    warning = sandbox_warning(site)
+    c.JupyterHub.template_vars = {"meterhub_sandbox_warning": warning}
+    return {
+        "admin": admin,
+        "password": password if created else None,
+        "password_file": password_file,
+        "warning": warning,
+    }
+
+
+def prepare(site: dict) -> None:
+    """Create the data directory and, for the embedded default, the demo pool."""
+    os.makedirs(site["data_dir"], mode=0o711, exist_ok=True)
+    if "public_dir" in site:
+        if not os.path.isdir(site["public_dir"]):
+            raise ConfigError(f"public_dir: {site['public_dir']} is not a directory")
+    elif ensure_demo_pool(demo_pool_dir(site)):
+        print(f"meterhub: generated the demo pool in {demo_pool_dir(site)}", file=sys.stderr)
+
+
+def serve(config_path: str | None, ip: str, port: int) -> None:
+    site = load_site_config(config_path)
+    prepare(site)
+    c = apply_config(site, Config())
+    facts = runtime_config(site, c, ip, port, os.environ)
+    url = f"http://{ip}:{port}/hub/login"
+    if facts["password"]:
+        print(
+            f"meterhub: sign in at {url} as {facts['admin']!r} with password"
+            f" {facts['password']} (kept in {facts['password_file']})",
+            file=sys.stderr,
+        )
+    else:
+        print(
+            f"meterhub: sign in at {url} as {facts['admin']!r};"
+            f" the password is in {facts['password_file']}",
+            file=sys.stderr,
+        )
+    if facts["warning"]:
+        print(f"meterhub: WARNING: {facts['warning']}", file=sys.stderr)
+    MeterHub.instance(config=c)
+    MeterHub.launch_instance([])

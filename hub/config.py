@@ -1,0 +1,139 @@
+"""The site config: one YAML file, checked by a JSON schema, translated to traitlets.
+
+`apply_config` is a pure function (it only sets values on the Config it is given), so the
+translation is tested by applying it to a fresh `Config()`.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import yaml
+from traitlets.config import Config
+
+from spawner.catalog import parse_price
+
+HERE = Path(__file__).parent
+SCHEMA: dict = yaml.safe_load((HERE / "site-schema.yaml").read_text())
+TEMPLATES = str(HERE / "templates")
+
+
+class ConfigError(ValueError):
+    """A site config that cannot be used; the message names the file and the key."""
+
+
+def _path(parts) -> str:
+    return ".".join(str(p) for p in parts) or "(top level)"
+
+
+def validation_errors(site: Any) -> list[str]:
+    """Readable messages, one per problem, each naming the key it concerns."""
+    messages = []
+    validator = jsonschema.Draft7Validator(SCHEMA)
+    for error in sorted(validator.iter_errors(site), key=lambda e: list(map(str, e.path))):
+        where = list(error.absolute_path)
+        if error.validator == "additionalProperties" and isinstance(error.instance, dict):
+            allowed = sorted(error.schema.get("properties", {}))
+            for key in sorted(set(error.instance) - set(allowed)):
+                messages.append(
+                    f"{_path([*where, key])}: unknown key (allowed here: {', '.join(allowed)})"
+                )
+        elif error.validator == "oneOf" and where and where[-1] == "price_per_hour":
+            messages.append(
+                f"{_path(where)}: expected a positive amount with at most two decimals, got {error.instance!r}"
+            )
+        else:
+            messages.append(f"{_path(where)}: {error.message}")
+    return messages
+
+
+def load_site_config(path: str | os.PathLike | None, cwd: str | None = None) -> dict:
+    """Read, validate and complete a site config; None means the embedded default."""
+    site: Any = {}
+    source = "embedded default"
+    if path is not None:
+        source = str(path)
+        try:
+            text = Path(path).read_text()
+        except OSError as e:
+            raise ConfigError(f"{source}: cannot read: {e.strerror}") from None
+        try:
+            site = yaml.safe_load(text)
+        except yaml.YAMLError as e:
+            raise ConfigError(f"{source}: not valid YAML: {e}") from None
+        if site is None:
+            site = {}
+    problems = validation_errors(site)
+    if not problems:
+        for slug, profile in (site.get("profiles") or {}).items():
+            if "price_per_hour" in profile:
+                try:
+                    parse_price(profile["price_per_hour"], f"profiles.{slug}.price_per_hour")
+                except ValueError as e:
+                    problems.append(str(e))
+    if problems:
+        raise ConfigError(f"{source}: " + "\n  ".join(["invalid site config:", *problems]))
+    return complete(site, cwd=cwd)
+
+
+def complete(site: dict, cwd: str | None = None) -> dict:
+    """Fill in defaults and resolve paths, without touching the filesystem."""
+    site = copy.deepcopy(site)
+    base = cwd or os.getcwd()
+    site["data_dir"] = os.path.abspath(os.path.join(base, site.get("data_dir", "./meterhub-data")))
+    if "public_dir" in site:
+        site["public_dir"] = os.path.abspath(os.path.join(base, site["public_dir"]))
+    site.setdefault("admin_users", ["admin"])
+    local = site.setdefault("local", {})
+    if local.get("sandbox") is False:
+        local["sandbox"] = "off"
+    local.setdefault("sandbox", "auto")
+    local.setdefault("uid_base", 200000)
+    local.setdefault("disk_mount_path", "/home/jovyan")
+    site.setdefault("profiles", {})
+    ports = site.setdefault("hub", {})
+    ports.setdefault("api_port", 8081)
+    ports.setdefault("proxy_api_port", 8001)
+    return site
+
+
+def demo_pool_dir(site: dict) -> str:
+    return os.path.join(site["data_dir"], "pool")
+
+
+def apply_config(site: dict, c: Config) -> Config:
+    """Translate a completed site config into JupyterHub traitlets config. Pure: sets values only."""
+    data_dir = site["data_dir"]
+    c.JupyterHub.spawner_class = "spawner.local.LocalGPUSpawner"
+    c.JupyterHub.db_url = "sqlite:///" + os.path.join(data_dir, "jupyterhub.sqlite")
+    c.JupyterHub.cookie_secret_file = os.path.join(data_dir, "jupyterhub_cookie_secret")
+    c.ConfigurableHTTPProxy.pid_file = os.path.join(data_dir, "jupyterhub-proxy.pid")
+    # A hub restart must keep servers (and their GPUs) running.
+    c.JupyterHub.cleanup_servers = False
+    c.JupyterHub.template_paths = [TEMPLATES]
+    c.JupyterHub.hub_port = site["hub"]["api_port"]
+    c.ConfigurableHTTPProxy.api_url = f"http://127.0.0.1:{site['hub']['proxy_api_port']}"
+    c.JupyterHub.authenticator_class = "shared-password"
+    c.Authenticator.admin_users = set(site["admin_users"])
+    # Only the admins can sign in with the shared password until accounts arrive (issue 5);
+    # users created through the admin API are allowed as existing users.
+    c.Authenticator.allowed_users = set(site["admin_users"])
+
+    c.LocalGPUSpawner.data_dir = data_dir
+    c.LocalGPUSpawner.pool_dir = site.get("public_dir") or demo_pool_dir(site)
+    if "gpus" in site:
+        c.LocalGPUSpawner.gpus = [{"type": g["type"], "count": g["count"]} for g in site["gpus"]]
+    c.LocalGPUSpawner.sandbox = site["local"]["sandbox"]
+    c.LocalGPUSpawner.uid_base = site["local"]["uid_base"]
+    c.LocalGPUSpawner.disk_mount_path = site["local"]["disk_mount_path"]
+
+    c.Catalog.prices = {
+        slug: str(parse_price(profile["price_per_hour"], f"profiles.{slug}.price_per_hour"))
+        for slug, profile in site["profiles"].items()
+        if "price_per_hour" in profile
+    }
+    return c

@@ -1,0 +1,1 @@
+"""Profile catalog and spawner backends; knows nothing of money."""

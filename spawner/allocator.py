@@ -1,0 +1,137 @@
+"""Exclusive, persistent GPU allocation for the local backend.
+
+Allocations live in a small SQLite file so a hub restart (which keeps servers running)
+never hands a GPU out twice. The GPU index is the primary key: two owners can never hold
+the same GPU, whatever the callers do. All methods are blocking; call them off the hub's
+event loop (`asyncio.to_thread`).
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Iterable
+from contextlib import closing, contextmanager
+from datetime import UTC, datetime
+
+from .catalog import GPU_COUNTS, GPU_TYPES
+from .inventory import Gpu
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS gpu_allocation (
+    gpu_index INTEGER PRIMARY KEY,
+    gpu_type TEXT NOT NULL,
+    owner TEXT NOT NULL,
+    allocated_at TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS gpu_allocation_owner ON gpu_allocation (owner);
+"""
+
+
+class NotEnoughGpus(RuntimeError):
+    """A request the free GPUs cannot meet; the message says what is free."""
+
+
+class GpuAllocator:
+    def __init__(self, db_path: str, inventory: list[Gpu]):
+        self.db_path = db_path
+        self.inventory = list(inventory)
+        self.by_index = {gpu.index: gpu for gpu in self.inventory}
+        with closing(sqlite3.connect(self.db_path, timeout=30)) as db:
+            db.execute("PRAGMA journal_mode=WAL")
+            db.executescript(SCHEMA)
+
+    @contextmanager
+    def _transaction(self):
+        # isolation_level=None: we issue BEGIN IMMEDIATE ourselves, so the read of what is
+        # free and the insert that takes it hold one write lock across processes.
+        with closing(sqlite3.connect(self.db_path, timeout=30, isolation_level=None)) as db:
+            db.execute("BEGIN IMMEDIATE")
+            try:
+                yield db
+            except BaseException:
+                db.execute("ROLLBACK")
+                raise
+            db.execute("COMMIT")
+
+    def _held(self, db, owner: str) -> list[Gpu]:
+        rows = db.execute(
+            "SELECT gpu_index FROM gpu_allocation WHERE owner = ? ORDER BY gpu_index", (owner,)
+        )
+        return [self.by_index[i] for (i,) in rows if i in self.by_index]
+
+    def _taken(self, db) -> set[int]:
+        return {i for (i,) in db.execute("SELECT gpu_index FROM gpu_allocation")}
+
+    def allocate(self, owner: str, gpu_type: str, count: int) -> list[Gpu]:
+        """Give `owner` `count` GPUs of `gpu_type`, exclusively.
+
+        Idempotent: an owner that already holds exactly such an allocation gets it back;
+        an owner holding something else (a stale allocation) has it replaced.
+        """
+        with self._transaction() as db:
+            held = self._held(db, owner)
+            if len(held) == count and all(gpu.type == gpu_type for gpu in held):
+                return held
+            db.execute("DELETE FROM gpu_allocation WHERE owner = ?", (owner,))
+            taken = self._taken(db)
+            of_type = [gpu for gpu in self.inventory if gpu.type == gpu_type]
+            free = [gpu for gpu in of_type if gpu.index not in taken]
+            if len(free) < count:
+                name = GPU_TYPES[gpu_type].display_name if gpu_type in GPU_TYPES else gpu_type
+                raise NotEnoughGpus(_shortage_message(name, count, len(free), len(of_type)))
+            chosen = free[:count]
+            now = datetime.now(UTC).isoformat()
+            db.executemany(
+                "INSERT INTO gpu_allocation (gpu_index, gpu_type, owner, allocated_at)"
+                " VALUES (?, ?, ?, ?)",
+                [(gpu.index, gpu.type, owner, now) for gpu in chosen],
+            )
+            return chosen
+
+    def release(self, owner: str) -> list[int]:
+        with self._transaction() as db:
+            released = [gpu.index for gpu in self._held(db, owner)]
+            db.execute("DELETE FROM gpu_allocation WHERE owner = ?", (owner,))
+            return released
+
+    def held(self, owner: str) -> list[Gpu]:
+        with self._transaction() as db:
+            return self._held(db, owner)
+
+    def owners(self) -> dict[int, str]:
+        with self._transaction() as db:
+            return dict(db.execute("SELECT gpu_index, owner FROM gpu_allocation"))
+
+    def availability(self) -> dict[str, tuple[int, int]]:
+        """(total, free) by GPU type, for every type in the catalog."""
+        with self._transaction() as db:
+            taken = self._taken(db)
+        result = {slug: (0, 0) for slug in GPU_TYPES}
+        for gpu in self.inventory:
+            total, free = result.get(gpu.type, (0, 0))
+            result[gpu.type] = (total + 1, free + (gpu.index not in taken))
+        return result
+
+    def reconcile(self, active_owners: Iterable[str]) -> dict[str, list[int]]:
+        """Release allocations of owners that no longer run; return what was released."""
+        active = set(active_owners)
+        released: dict[str, list[int]] = {}
+        with self._transaction() as db:
+            for index, owner in db.execute("SELECT gpu_index, owner FROM gpu_allocation"):
+                if owner not in active:
+                    released.setdefault(owner, []).append(index)
+            for owner in released:
+                db.execute("DELETE FROM gpu_allocation WHERE owner = ?", (owner,))
+        return released
+
+
+def _shortage_message(name: str, wanted: int, free: int, total: int) -> str:
+    if total == 0:
+        return f"This machine has no {name} GPUs. Choose another profile or debug mode."
+    if free == 0:
+        return f"All {total} {name} GPUs are in use; {wanted} requested. Try again later or choose debug mode."
+    fits = max(count for count in GPU_COUNTS if count <= free)
+    return (
+        f"Only {free} of {total} {name} GPUs are free now; {wanted} requested. "
+        f"Ask for {fits} or fewer, or try again later."
+    )

@@ -1,0 +1,241 @@
+"""The one catalog of GPU types and profiles.
+
+Every backend, the spawn form and billing read profiles from here; nothing else defines one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from decimal import Decimal, InvalidOperation
+
+from traitlets import Dict, Unicode
+from traitlets.config import LoggingConfigurable
+
+#: GPU counts a profile may ask for.
+GPU_COUNTS: tuple[int, ...] = (1, 2, 4, 8)
+
+DEBUG = "debug"
+
+
+class InvalidChoice(ValueError):
+    """User options that do not name a valid profile; the message is shown to the user."""
+
+
+@dataclass(frozen=True)
+class GpuType:
+    slug: str
+    display_name: str
+    vram_gb: int
+    default_price_per_hour: Decimal
+    cpu_per_gpu: int
+    memory_gib_per_gpu: int
+    #: lower-case substrings of NVML product names that identify this type
+    product_patterns: tuple[str, ...]
+    #: value of the `nvidia.com/gpu.product` node label set by GPU feature discovery
+    node_product: str
+
+
+GPU_TYPES: dict[str, GpuType] = {
+    t.slug: t
+    for t in (
+        GpuType(
+            "rtx4090",
+            "RTX 4090",
+            24,
+            Decimal("1.25"),
+            cpu_per_gpu=12,
+            memory_gib_per_gpu=60,
+            product_patterns=("rtx 4090",),
+            node_product="NVIDIA-GeForce-RTX-4090",
+        ),
+        GpuType(
+            "a800",
+            "A800",
+            80,
+            Decimal("4.50"),
+            cpu_per_gpu=16,
+            memory_gib_per_gpu=120,
+            product_patterns=("a800",),
+            node_product="NVIDIA-A800-SXM4-80GB",
+        ),
+        GpuType(
+            "h800",
+            "H800",
+            80,
+            Decimal("6.67"),
+            cpu_per_gpu=20,
+            memory_gib_per_gpu=200,
+            product_patterns=("h800",),
+            node_product="NVIDIA-H800",
+        ),
+    )
+}
+
+DEBUG_PRICE_PER_HOUR = Decimal("0.10")
+DEBUG_CPU = 2
+DEBUG_MEMORY_GIB = 8
+
+PROFILE_SLUGS: tuple[str, ...] = (DEBUG, *GPU_TYPES)
+
+
+def gpu_type_for_product(product_name: str) -> GpuType | None:
+    """Map an NVML product name ("NVIDIA A800-SXM4-80GB") to a GPU type, or None."""
+    name = product_name.lower()
+    for gpu_type in GPU_TYPES.values():
+        if any(pattern in name for pattern in gpu_type.product_patterns):
+            return gpu_type
+    return None
+
+
+def parse_price(value: object, where: str) -> Decimal:
+    """A price per hour from config: a positive amount with at most two decimals.
+
+    Floats from YAML go through their shortest repr (4.5 -> "4.50"), never binary arithmetic.
+    """
+    if isinstance(value, bool):
+        raise ValueError(f"{where}: expected an amount like 4.50, got {value!r}")
+    try:
+        price = Decimal(str(value))
+    except InvalidOperation:
+        raise ValueError(f"{where}: expected an amount like 4.50, got {value!r}") from None
+    if not price.is_finite() or price <= 0:
+        raise ValueError(f"{where}: must be a positive amount, got {value!r}")
+    if price != price.quantize(Decimal("0.01")):
+        raise ValueError(f"{where}: at most two decimals, got {value!r}")
+    return price.quantize(Decimal("0.01"))
+
+
+@dataclass(frozen=True)
+class Profile:
+    slug: str
+    display_name: str
+    gpu_type: GpuType | None
+    #: per GPU-hour for GPU profiles, per hour for debug
+    price_per_hour: Decimal
+    counts: tuple[int, ...]
+
+    @property
+    def is_debug(self) -> bool:
+        return self.gpu_type is None
+
+
+@dataclass(frozen=True)
+class Choice:
+    """A validated selection: a profile and a GPU count (0 for debug)."""
+
+    profile: Profile
+    gpus: int
+
+    @property
+    def rate_per_hour(self) -> Decimal:
+        if self.profile.is_debug:
+            return self.profile.price_per_hour
+        return self.profile.price_per_hour * self.gpus
+
+    @property
+    def cpu(self) -> int:
+        if self.profile.is_debug:
+            return DEBUG_CPU
+        return self.profile.gpu_type.cpu_per_gpu * self.gpus
+
+    @property
+    def memory_gib(self) -> int:
+        if self.profile.is_debug:
+            return DEBUG_MEMORY_GIB
+        return self.profile.gpu_type.memory_gib_per_gpu * self.gpus
+
+    @property
+    def user_options(self) -> dict[str, str]:
+        if self.profile.is_debug:
+            return {"profile": DEBUG}
+        return {"profile": self.profile.slug, "gpus": str(self.gpus)}
+
+    @property
+    def label(self) -> str:
+        if self.profile.is_debug:
+            return "debug mode (no GPU)"
+        return f"{self.gpus} × {self.profile.display_name}"
+
+
+class Catalog(LoggingConfigurable):
+    """The profiles this deployment offers, with the site's prices."""
+
+    prices = Dict(
+        key_trait=Unicode(),
+        help="""
+        Price per hour by profile slug, overriding the defaults.
+
+        For GPU profiles the price is per GPU-hour; `debug` is per hour. Amounts are
+        strings or numbers with at most two decimals in the site currency ("4.50").
+        """,
+    ).tag(config=True)
+
+    def profiles(self) -> dict[str, Profile]:
+        unknown = set(self.prices) - set(PROFILE_SLUGS)
+        if unknown:
+            raise ValueError(
+                f"Catalog.prices: unknown profile {sorted(unknown)[0]!r}; known: {', '.join(PROFILE_SLUGS)}"
+            )
+        profiles = {
+            DEBUG: Profile(
+                DEBUG,
+                "Debug mode",
+                None,
+                parse_price(self.prices.get(DEBUG, DEBUG_PRICE_PER_HOUR), "profiles.debug"),
+                (),
+            )
+        }
+        for slug, gpu_type in GPU_TYPES.items():
+            price = parse_price(
+                self.prices.get(slug, gpu_type.default_price_per_hour), f"profiles.{slug}"
+            )
+            profiles[slug] = Profile(slug, gpu_type.display_name, gpu_type, price, GPU_COUNTS)
+        return profiles
+
+    def choice(self, slug: str, gpus: int = 0) -> Choice:
+        return self.parse({"profile": slug, "gpus": str(gpus)} if gpus else {"profile": slug})
+
+    def parse(self, user_options: dict | None) -> Choice:
+        """Validate user options against the catalog; raise InvalidChoice with a clear message.
+
+        Accepted shapes (the same for every backend): `{"profile": "debug"}` and
+        `{"profile": "<gpu type>", "gpus": "<1|2|4|8>"}` (gpus as string or integer).
+        """
+        if not user_options:
+            raise InvalidChoice(
+                f"Choose a profile: {{'profile': one of {', '.join(PROFILE_SLUGS)}}}"
+            )
+        if not isinstance(user_options, dict):
+            raise InvalidChoice("user options must be an object")
+        unknown = set(user_options) - {"profile", "gpus"}
+        if unknown:
+            raise InvalidChoice(
+                f"Unknown option {sorted(unknown)[0]!r}; allowed options are 'profile' and 'gpus'"
+            )
+        slug = user_options.get("profile")
+        profiles = self.profiles()
+        if not isinstance(slug, str) or slug not in profiles:
+            raise InvalidChoice(
+                f"Unknown profile {slug!r}; choose one of: {', '.join(PROFILE_SLUGS)}"
+            )
+        profile = profiles[slug]
+        raw_gpus = user_options.get("gpus")
+        if profile.is_debug:
+            if raw_gpus not in (None, "", "0", 0):
+                raise InvalidChoice("Debug mode has no GPUs; leave out 'gpus'")
+            return Choice(profile, 0)
+        if raw_gpus is None:
+            raise InvalidChoice(
+                f"Profile {slug!r} needs 'gpus': one of {', '.join(map(str, profile.counts))}"
+            )
+        if isinstance(raw_gpus, bool) or not isinstance(raw_gpus, (int, str)):
+            raise InvalidChoice(f"'gpus' must be one of {', '.join(map(str, profile.counts))}")
+        try:
+            gpus = int(raw_gpus)
+        except ValueError:
+            gpus = None
+        if gpus not in profile.counts or str(raw_gpus).strip() != str(gpus):
+            raise InvalidChoice(
+                f"'gpus' must be one of {', '.join(map(str, profile.counts))}, got {raw_gpus!r}"
+            )
+        return Choice(profile, gpus)

@@ -1,0 +1,69 @@
+"""The spawn form: one option per profile, with VRAM, prices and what is free now.
+
+Plain HTML that works without JavaScript; the server validates whatever is posted.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from decimal import Decimal
+from pathlib import Path
+
+from jinja2 import Environment, select_autoescape
+
+from .catalog import Catalog, Profile
+
+_env = Environment(autoescape=select_autoescape(default=True), trim_blocks=True, lstrip_blocks=True)
+_template = _env.from_string((Path(__file__).parent / "options_form.html").read_text())
+
+
+@dataclass(frozen=True)
+class CountOption:
+    count: int
+    price_per_hour: Decimal
+    disabled_reason: str
+
+
+@dataclass(frozen=True)
+class ProfileOption:
+    profile: Profile
+    total: int | None
+    free: int | None
+    counts: tuple[CountOption, ...]
+    disabled_reason: str
+
+
+def profile_options(
+    catalog: Catalog, availability: dict[str, tuple[int, int]] | None
+) -> list[ProfileOption]:
+    """What the form offers; `availability` is (total, free) per GPU type, None if unknown."""
+    options = []
+    for profile in catalog.profiles().values():
+        if profile.is_debug:
+            options.append(ProfileOption(profile, None, None, (), ""))
+            continue
+        total, free = (availability or {}).get(profile.slug, (None, None))
+        counts = []
+        for count in profile.counts:
+            reason = ""
+            if free is not None and count > free:
+                reason = f"only {free} free" if free else "none free"
+            counts.append(CountOption(count, profile.price_per_hour * count, reason))
+        if total == 0:
+            reason = f"No {profile.display_name} on this machine"
+        elif free == 0:
+            reason = f"All {total} {profile.display_name} GPUs are in use"
+        else:
+            reason = ""
+        options.append(ProfileOption(profile, total, free, tuple(counts), reason))
+    return options
+
+
+def render_options_form(
+    catalog: Catalog,
+    availability: dict[str, tuple[int, int]] | None,
+    currency_symbol: str = "¥",
+) -> str:
+    options = profile_options(catalog, availability)
+    first_enabled = next((o.profile.slug for o in options if not o.disabled_reason), None)
+    return _template.render(options=options, checked=first_enabled, currency=currency_symbol)

@@ -1,0 +1,99 @@
+"""The GPUs of this machine: declared in site config, or detected with NVML.
+
+Each GPU has a stable index (NVML order), a type from the catalog, the minor number of its
+`/dev/nvidiaN` node and, when NVML knows it, a UUID for `CUDA_VISIBLE_DEVICES`.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+
+from .catalog import GPU_TYPES, gpu_type_for_product
+
+log = logging.getLogger(__name__)
+
+#: device nodes every CUDA process needs besides its own /dev/nvidiaN
+CONTROL_DEVICES = (
+    "/dev/nvidiactl",
+    "/dev/nvidia-uvm",
+    "/dev/nvidia-uvm-tools",
+    "/dev/nvidia-modeset",
+)
+
+
+@dataclass(frozen=True)
+class Gpu:
+    index: int
+    type: str
+    minor: int
+    uuid: str = ""
+
+    @property
+    def device_node(self) -> str:
+        return f"/dev/nvidia{self.minor}"
+
+
+def declared_inventory(entries: list[dict]) -> list[Gpu]:
+    """GPUs from site config `gpus: [{type, count}]`, numbered in the order declared."""
+    gpus: list[Gpu] = []
+    for entry in entries:
+        if entry["type"] not in GPU_TYPES:
+            raise ValueError(
+                f"gpus: unknown GPU type {entry['type']!r}; known: {', '.join(GPU_TYPES)}"
+            )
+        for _ in range(int(entry["count"])):
+            index = len(gpus)
+            gpus.append(Gpu(index=index, type=entry["type"], minor=index))
+    return gpus
+
+
+def detect_inventory(nvml=None) -> list[Gpu]:
+    """GPUs found by NVML, mapped to catalog types by product name; [] without NVML.
+
+    A GPU whose product is not in the catalog is left out with a warning: it cannot be
+    priced, so it is never offered.
+    """
+    if nvml is None:
+        try:
+            import pynvml as nvml
+        except ImportError:
+            return []
+    try:
+        nvml.nvmlInit()
+    except Exception as e:  # no driver, no library, no device: all mean "no GPUs"
+        log.info("No NVIDIA GPUs detected (%s)", e)
+        return []
+    try:
+        gpus = []
+        for index in range(nvml.nvmlDeviceGetCount()):
+            handle = nvml.nvmlDeviceGetHandleByIndex(index)
+            name = _text(nvml.nvmlDeviceGetName(handle))
+            gpu_type = gpu_type_for_product(name)
+            if gpu_type is None:
+                log.warning("GPU %d (%s) is not in the catalog; not offering it", index, name)
+                continue
+            try:
+                minor = int(nvml.nvmlDeviceGetMinorNumber(handle))
+            except Exception:
+                minor = index
+            gpus.append(
+                Gpu(
+                    index=index,
+                    type=gpu_type.slug,
+                    minor=minor,
+                    uuid=_text(nvml.nvmlDeviceGetUUID(handle)),
+                )
+            )
+        return gpus
+    finally:
+        nvml.nvmlShutdown()
+
+
+def existing_control_devices() -> list[str]:
+    return [path for path in CONTROL_DEVICES if os.path.exists(path)]
+
+
+def _text(value) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)

@@ -1,0 +1,482 @@
+"""LocalGPUSpawner: single-user servers as local processes with exclusive GPUs.
+
+Each server runs unprivileged in a bubblewrap sandbox that shows only its own disk,
+the pool read-only at /public and its own GPU device nodes. GPUs are allocated from a
+persistent table, so a hub restart that keeps servers running never hands one out twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import os
+import shutil
+import sys
+from subprocess import Popen
+
+from escapism import escape
+from jupyterhub.spawner import LocalProcessSpawner
+from jupyterhub.utils import random_port
+from tornado import web
+from traitlets import Bool, Dict, Enum, Instance, Int, List, Unicode, default
+
+from .allocator import GpuAllocator, NotEnoughGpus
+from .catalog import Catalog, Choice, InvalidChoice
+from .form import render_options_form
+from .inventory import Gpu, declared_inventory, detect_inventory, existing_control_devices
+from .sandbox import SandboxSpec, bwrap_command, bwrap_works
+
+SAFE_NAME_CHARS = "abcdefghijklmnopqrstuvwxyz0123456789"
+
+
+@functools.cache
+def _detected_inventory() -> tuple[Gpu, ...]:
+    return tuple(detect_inventory())
+
+
+@functools.cache
+def _allocator(db_path: str, inventory: tuple[Gpu, ...]) -> GpuAllocator:
+    return GpuAllocator(db_path, list(inventory))
+
+
+def disk_dirname(username: str) -> str:
+    """A user's disk folder name: stable, filesystem-safe and collision-free."""
+    return escape(username, safe=SAFE_NAME_CHARS, escape_char="-")
+
+
+class LocalGPUSpawner(LocalProcessSpawner):
+    """Spawn servers locally with a profile from the catalog, exclusive GPUs and a sandbox."""
+
+    data_dir = Unicode(
+        help="""
+        Directory holding the disks, the GPU allocation table and per-server runtime files.
+
+        Servers never see it: the sandbox hides it even when it lies inside a bound path.
+        """
+    ).tag(config=True)
+
+    @default("data_dir")
+    def _default_data_dir(self):
+        return os.path.abspath("meterhub-data")
+
+    disk_root = Unicode(
+        help="Directory of the users' persistent disks, one folder each. Default: `<data_dir>/disks`."
+    ).tag(config=True)
+
+    @default("disk_root")
+    def _default_disk_root(self):
+        return os.path.join(self.data_dir, "disks")
+
+    disk_mount_path = Unicode(
+        "/home/jovyan",
+        help="""
+        Where a user's disk appears inside the sandbox: the server's working directory,
+        HOME and file browser root. Must be under /home (the sandbox hides the host's /home).
+        """,
+    ).tag(config=True)
+
+    pool_dir = Unicode(
+        "",
+        help="Host directory of the read-only pool of models and datasets; empty for none.",
+    ).tag(config=True)
+
+    pool_mount_path = Unicode(
+        "/public", help="Where the pool appears inside the sandbox, read-only."
+    ).tag(config=True)
+
+    sandbox = Enum(
+        ["auto", "bwrap", "off"],
+        "auto",
+        help="""
+        How servers are isolated.
+
+        - `auto` (default): bubblewrap when it works on this machine, else plain processes.
+        - `bwrap`: always bubblewrap; a spawn fails if it cannot run.
+        - `off`: plain processes. DANGER: without the sandbox every server can read the
+          hub's data directory and, when the hub is not root, every other user's disk.
+        """,
+    ).tag(config=True)
+
+    uid_base = Int(
+        200000,
+        min=1000,
+        help="""
+        When the hub runs as root, user N's server runs as uid and gid `uid_base + N`,
+        where N is the user's JupyterHub id. Choose a range no system account uses.
+        Ignored when the hub is not root: servers then run as the hub's own user.
+        """,
+    ).tag(config=True)
+
+    gpus = List(
+        Dict(),
+        default_value=None,
+        allow_none=True,
+        help="""
+        The machine's GPUs as a list of `{"type": <gpu type>, "count": N}`, numbered in
+        order from device 0. None (default): detect them with NVML.
+        """,
+    ).tag(config=True)
+
+    server_env_prefix = Unicode(
+        help="""
+        Prefix of the Python environment servers run from (it needs `meterhub[lab]`).
+        Default: the hub's own environment.
+        """
+    ).tag(config=True)
+
+    @default("server_env_prefix")
+    def _default_server_env_prefix(self):
+        return sys.prefix
+
+    hide_gpus_in_debug = Bool(
+        True,
+        help="Debug mode hides every GPU even on a GPU host (CUDA_VISIBLE_DEVICES='').",
+    ).tag(config=True)
+
+    catalog = Instance(Catalog)
+
+    @default("catalog")
+    def _default_catalog(self):
+        return Catalog(parent=self)
+
+    choice = Instance(Choice, allow_none=True)
+    gpu_indices = List(Int())
+
+    # ------------------------------------------------------------------ inventory
+
+    @property
+    def inventory(self) -> tuple[Gpu, ...]:
+        if self.gpus is None:
+            return _detected_inventory()
+        return tuple(declared_inventory(self.gpus))
+
+    @property
+    def allocator(self) -> GpuAllocator:
+        os.makedirs(self.data_dir, exist_ok=True)
+        return _allocator(os.path.join(self.data_dir, "gpu-allocations.sqlite"), self.inventory)
+
+    @property
+    def owner_key(self) -> str:
+        return f"{self.user.id}/{self.name}"
+
+    @property
+    def run_as(self) -> tuple[int, int] | None:
+        if os.geteuid() != 0:
+            return None
+        uid = self.uid_base + self.user.id
+        return uid, uid
+
+    # ------------------------------------------------------------------ options
+
+    @default("options_form")
+    def _default_options_form(self):
+        return _options_form
+
+    def options_from_form(self, formdata):
+        profile = (formdata.get("profile") or [""])[0]
+        options = {"profile": profile}
+        gpus = (formdata.get(f"gpus_{profile}") or [""])[0]
+        if gpus:
+            options["gpus"] = gpus
+        return options
+
+    @default("apply_user_options")
+    def _default_apply_user_options(self):
+        return _apply_catalog_options
+
+    def parse_options(self) -> Choice:
+        """The validated choice from user_options; HTTP 400 with the reason otherwise."""
+        try:
+            return self.catalog.parse(self.user_options)
+        except InvalidChoice as e:
+            raise web.HTTPError(400, str(e), reason="Invalid profile") from None
+
+    # ------------------------------------------------------------------ progress
+
+    def _progress(self, percent: int, message: str) -> None:
+        self.log.info("%s: %s", self._log_name, message)
+        self._events.append({"progress": percent, "message": message})
+        self._events_changed.set()
+
+    _events = List()
+
+    async def progress(self):
+        sent = 0
+        changed = self._events_changed
+        while True:
+            while sent < len(self._events):
+                yield self._events[sent]
+                sent += 1
+            if not self._start_pending and sent:
+                return
+            changed.clear()
+            try:
+                await asyncio.wait_for(changed.wait(), timeout=1)
+            except TimeoutError:
+                pass
+
+    @functools.cached_property
+    def _events_changed(self) -> asyncio.Event:
+        return asyncio.Event()
+
+    # ------------------------------------------------------------------ start
+
+    async def start(self):
+        choice = self.parse_options()
+        self.choice = choice
+        self._events = []
+        why_not = await asyncio.to_thread(bwrap_works) if self.sandbox != "off" else ""
+        sandboxed = self.sandbox == "bwrap" or (self.sandbox == "auto" and not why_not)
+        if self.sandbox == "bwrap" and why_not:
+            raise web.HTTPError(500, f"The sandbox is required but cannot run: {why_not}")
+
+        gpus: list[Gpu] = []
+        if not choice.profile.is_debug:
+            self._progress(10, f"Allocating {choice.label}")
+            try:
+                gpus = await asyncio.to_thread(
+                    self.allocator.allocate, self.owner_key, choice.profile.slug, choice.gpus
+                )
+            except NotEnoughGpus as e:
+                raise web.HTTPError(409, str(e), reason="GPUs unavailable") from None
+            self._progress(25, f"Allocated GPU {', '.join(str(g.index) for g in gpus)}")
+        self.gpu_indices = [gpu.index for gpu in gpus]
+        try:
+            self._progress(40, "Preparing disk")
+            disk = await asyncio.to_thread(self._prepare_disk, sandboxed)
+            self.cpu_limit = float(choice.cpu)
+            self.mem_limit = choice.memory_gib * 1024**3
+            self.notebook_dir = self.disk_mount_path if sandboxed else disk
+            self.port = self.port or random_port()
+            env = self.get_env()
+            env.update(self._profile_env(choice, gpus, sandboxed))
+            if sandboxed:
+                env["HOME"] = self.disk_mount_path
+            cmd = [os.path.join(self.server_env_prefix, "bin", "jupyterhub-singleuser")]
+            cmd += self.get_args()
+            if sandboxed:
+                files = await asyncio.to_thread(self._write_identity_files)
+                spec = SandboxSpec(
+                    disk=disk,
+                    disk_mount=self.disk_mount_path,
+                    pool=self.pool_dir or None,
+                    pool_mount=self.pool_mount_path,
+                    ro_paths=tuple(self._environment_paths()),
+                    hidden=(os.path.abspath(self.data_dir),),
+                    devices=tuple(self._device_nodes(gpus)),
+                    files=files,
+                    run_as=self.run_as,
+                )
+                cmd = bwrap_command(spec, cmd, bwrap=shutil.which("bwrap") or "bwrap")
+                self._progress(60, "Starting JupyterLab in its sandbox")
+            else:
+                self.log.warning(
+                    "Starting %s WITHOUT a sandbox (%s): it can see the hub's data directory",
+                    self._log_name,
+                    why_not or "sandbox = off",
+                )
+                self._check_unsandboxed_access()
+                self._progress(60, "Starting JupyterLab (no sandbox)")
+            self.proc = Popen(
+                cmd,
+                env=env,
+                cwd=disk,
+                preexec_fn=None if sandboxed else self._drop_privileges_fn(),
+                start_new_session=True,  # own process group: stop signals the whole sandbox
+                **self.popen_kwargs,
+            )
+            self.pid = self.proc.pid
+        except BaseException:
+            await asyncio.to_thread(self.allocator.release, self.owner_key)
+            self.gpu_indices = []
+            raise
+        self._progress(80, "Waiting for JupyterLab to answer")
+        return (self.ip or "127.0.0.1", self.port)
+
+    def _profile_env(self, choice: Choice, gpus: list[Gpu], sandboxed: bool) -> dict[str, str]:
+        env = {
+            "METERHUB_PROFILE": choice.profile.slug,
+            "METERHUB_GPUS": str(choice.gpus),
+            "METERHUB_PUBLIC_DIR": self.pool_mount_path if sandboxed else self.pool_dir,
+            "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
+        }
+        if gpus:
+            visible = ",".join(gpu.uuid or str(gpu.index) for gpu in gpus)
+            env["CUDA_VISIBLE_DEVICES"] = visible
+            env["NVIDIA_VISIBLE_DEVICES"] = visible
+        elif self.hide_gpus_in_debug or choice.profile.is_debug:
+            env["CUDA_VISIBLE_DEVICES"] = ""
+            env["NVIDIA_VISIBLE_DEVICES"] = "void"
+        return env
+
+    def _device_nodes(self, gpus: list[Gpu]) -> list[str]:
+        nodes = [gpu.device_node for gpu in gpus if os.path.exists(gpu.device_node)]
+        return nodes + existing_control_devices() if nodes else []
+
+    def _environment_paths(self) -> list[str]:
+        """Host paths the server's Python needs: the environment and its base interpreter."""
+        paths = []
+        for path in (self.server_env_prefix, sys.base_prefix, os.path.dirname(sys.executable)):
+            real = os.path.realpath(path)
+            for p in (path, real):
+                if p not in paths and os.path.isdir(p):
+                    paths.append(p)
+        return paths
+
+    def user_env(self, env):
+        env["USER"] = "jovyan"
+        env["HOME"] = self.disk_mount_path
+        env["SHELL"] = "/bin/bash"
+        env["PATH"] = os.pathsep.join(
+            [os.path.join(self.server_env_prefix, "bin"), "/usr/local/bin", "/usr/bin", "/bin"]
+        )
+        env["JUPYTER_RUNTIME_DIR"] = "/tmp/jupyter-runtime"
+        return env
+
+    # ------------------------------------------------------------------ disk
+
+    @property
+    def disk_path(self) -> str:
+        return os.path.join(self.disk_root, disk_dirname(self.user.name))
+
+    def _prepare_disk(self, sandboxed: bool) -> str:
+        for path in (self.data_dir, self.disk_root):
+            os.makedirs(path, exist_ok=True)
+            os.chmod(path, 0o711)  # traversable, not listable: users never see who else has a disk
+        disk = self.disk_path
+        created = not os.path.isdir(disk)
+        os.makedirs(disk, mode=0o700, exist_ok=True)
+        run_as = self.run_as
+        if run_as and created:
+            os.chown(disk, *run_as)
+        os.chmod(disk, 0o700)
+        if self.pool_dir:
+            link = os.path.join(disk, "public")
+            target = self.pool_mount_path if sandboxed else self.pool_dir
+            if os.path.islink(link) and os.readlink(link) != target:
+                os.unlink(link)
+            if not os.path.lexists(link):
+                os.symlink(target, link)
+                if run_as:
+                    os.lchown(link, *run_as)
+            elif not os.path.islink(link):
+                self.log.warning("%s has its own 'public' entry; not linking the pool", disk)
+        return disk
+
+    def _write_identity_files(self) -> dict[str, str]:
+        """/etc/passwd and /etc/group naming the server's uid, so tools that look it up work."""
+        uid, gid = self.run_as or (os.getuid(), os.getgid())
+        run_dir = os.path.join(self.data_dir, "run", disk_dirname(self.user.name))
+        os.makedirs(run_dir, mode=0o755, exist_ok=True)
+        files = {
+            "/etc/passwd": (
+                "root:x:0:0:root:/root:/usr/sbin/nologin\n"
+                f"jovyan:x:{uid}:{gid}:{self.user.name}:{self.disk_mount_path}:/bin/bash\n"
+                "nobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n"
+            ),
+            "/etc/group": f"root:x:0:\njovyan:x:{gid}:\nnogroup:x:65534:\n",
+        }
+        paths = {}
+        for inside, text in files.items():
+            path = os.path.join(run_dir, os.path.basename(inside))
+            with open(path, "w") as f:
+                f.write(text)
+            os.chmod(path, 0o644)
+            paths[inside] = path
+        return paths
+
+    def _drop_privileges_fn(self):
+        run_as = self.run_as
+        if run_as is None:
+            return None
+        uid, gid = run_as
+
+        def drop():
+            os.setgroups([])
+            os.setgid(gid)
+            os.setuid(uid)
+
+        return drop
+
+    def _check_unsandboxed_access(self) -> None:
+        """Without a sandbox the dropped uid must reach the environment; say so clearly."""
+        if self.run_as is None:
+            return
+        for path in self._environment_paths():
+            parts = os.path.realpath(path).split(os.sep)
+            for i in range(2, len(parts) + 1):
+                prefix = os.sep.join(parts[:i])
+                if not os.stat(prefix).st_mode & 0o001:
+                    raise web.HTTPError(
+                        500,
+                        f"Servers run as uid {self.run_as[0]} but {prefix} is not traversable"
+                        f" by other users, so the environment {path} cannot run. Install"
+                        " bubblewrap (the sandbox binds it in) or use a world-readable Python.",
+                    )
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def _signal(self, sig):
+        """Signal the server's whole process group (the sandbox and what runs inside it)."""
+        try:
+            os.killpg(self.pid, sig)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        return True
+
+    async def poll(self):
+        if self.proc is not None:
+            self.proc.poll()  # reap the bwrap monitor so it does not linger as a zombie
+        if not self.pid:
+            self.clear_state()
+            return 0
+        if await self._signal(0):
+            return None
+        status = self.proc.returncode if self.proc is not None else 0
+        self.clear_state()
+        return status if status is not None else 0
+
+    async def stop(self, now=False):
+        await super().stop(now=now)
+        if self.pid and await self._signal(0):
+            self.log.error(
+                "%s did not die; keeping GPUs %s allocated", self._log_name, self.gpu_indices
+            )
+            return
+        released = await asyncio.to_thread(self.allocator.release, self.owner_key)
+        if released:
+            self.log.info("Released GPUs %s of %s", released, self._log_name)
+        self.gpu_indices = []
+
+    def get_state(self):
+        state = super().get_state()
+        if self.gpu_indices:
+            state["gpu_indices"] = list(self.gpu_indices)
+        if self.choice is not None:
+            state["profile"] = self.choice.user_options
+        return state
+
+    def load_state(self, state):
+        super().load_state(state)
+        self.gpu_indices = list(state.get("gpu_indices", []))
+        if state.get("profile"):
+            try:
+                self.choice = self.catalog.parse(state["profile"])
+            except (InvalidChoice, ValueError):
+                self.choice = None
+
+    def clear_state(self):
+        super().clear_state()
+        self.proc = None
+
+
+def _apply_catalog_options(spawner: LocalGPUSpawner, user_options: dict) -> None:
+    """Validate user options before anything is allocated (start() checks again)."""
+    spawner.choice = spawner.parse_options()
+
+
+async def _options_form(spawner: LocalGPUSpawner) -> str:
+    availability = await asyncio.to_thread(lambda: spawner.allocator.availability())
+    return render_options_form(spawner.catalog, availability)

@@ -1,0 +1,118 @@
+"""The bubblewrap sandbox a local server runs in, as a pure command builder.
+
+Inside: the system read-only, the user's disk read-write at its mount path, the pool
+read-only at /public, a private /tmp and /dev/shm, only the user's GPU device nodes, and
+nothing of other users or of the hub's data directory.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import shutil
+import subprocess
+from dataclasses import dataclass, field
+
+#: system directories bound read-only (when they exist)
+SYSTEM_DIRS = ("/usr", "/etc", "/opt")
+#: top-level links or directories of a merged-/usr system
+SYSTEM_LINKS = ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
+
+
+@dataclass(frozen=True)
+class SandboxSpec:
+    disk: str
+    disk_mount: str
+    pool: str | None
+    pool_mount: str
+    #: host paths bound read-only at the same path (the server's Python environment)
+    ro_paths: tuple[str, ...] = ()
+    #: host paths covered by an empty tmpfs if they fall inside a bound path
+    hidden: tuple[str, ...] = ()
+    #: device nodes bound read-write (the server's GPUs and the NVIDIA control devices)
+    devices: tuple[str, ...] = ()
+    #: files bound read-only over a path inside: {inside path: host file}
+    files: dict[str, str] = field(default_factory=dict)
+    #: (uid, gid) to switch to inside, when bwrap itself runs as root
+    run_as: tuple[int, int] | None = None
+
+
+def _inside(path: str, parent: str) -> bool:
+    return path == parent or path.startswith(parent.rstrip("/") + "/")
+
+
+def bwrap_command(spec: SandboxSpec, command: list[str], bwrap: str = "bwrap") -> list[str]:
+    args = [bwrap, "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--hostname", "meterhub"]
+    bound: list[str] = []
+    for path in SYSTEM_DIRS:
+        if os.path.isdir(path):
+            args += ["--ro-bind", path, path]
+            bound.append(path)
+    for path in SYSTEM_LINKS:
+        if os.path.islink(path):
+            args += ["--symlink", os.readlink(path), path]
+        elif os.path.isdir(path):
+            args += ["--ro-bind", path, path]
+            bound.append(path)
+    for path in spec.ro_paths:
+        if not any(_inside(path, b) for b in bound):
+            # parents bwrap would create as 0700 root: make them traversable by the user
+            parts = path.strip("/").split("/")[:-1]
+            for i in range(1, len(parts) + 1):
+                args += ["--perms", "0755", "--dir", "/" + "/".join(parts[:i])]
+            args += ["--ro-bind", path, path]
+            bound.append(path)
+    for path in spec.hidden:
+        if any(_inside(path, b) for b in bound):
+            args += ["--tmpfs", path]
+    args += ["--proc", "/proc", "--dev", "/dev", "--perms", "1777", "--tmpfs", "/dev/shm"]
+    for device in spec.devices:
+        args += ["--dev-bind", device, device]
+    args += ["--perms", "1777", "--tmpfs", "/tmp", "--tmpfs", "/run", "--tmpfs", "/var"]
+    args += ["--perms", "1777", "--dir", "/var/tmp"]
+    # /run is hidden (host sockets live there), but name resolution may point into it
+    resolv = os.path.realpath("/etc/resolv.conf")
+    if _inside(resolv, "/run") and os.path.isfile(resolv):
+        args += ["--ro-bind", resolv, resolv]
+    args += ["--tmpfs", "/home", "--bind", spec.disk, spec.disk_mount]
+    if spec.pool:
+        args += ["--ro-bind", spec.pool, spec.pool_mount]
+    for inside, host_file in spec.files.items():
+        args += ["--ro-bind", host_file, inside]
+    args += ["--chdir", spec.disk_mount]
+    if spec.run_as is not None:
+        uid, gid = spec.run_as
+        # bwrap as root keeps only the two capabilities setpriv needs to become the user;
+        # setpriv then drops every capability for good (empty bounding set, no_new_privs).
+        args += ["--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID", "--"]
+        args += [
+            "setpriv",
+            f"--reuid={uid}",
+            f"--regid={gid}",
+            "--clear-groups",
+            "--inh-caps=-all",
+            "--bounding-set=-all",
+            "--no-new-privs",
+            "--",
+        ]
+    else:
+        args += ["--"]
+    return args + list(command)
+
+
+@functools.cache
+def bwrap_works(bwrap: str | None = None) -> str:
+    """'' if bubblewrap can build a sandbox here, else why not (for the warning)."""
+    bwrap = bwrap or shutil.which("bwrap")
+    if not bwrap:
+        return "bubblewrap (bwrap) is not installed"
+    if os.geteuid() == 0 and not shutil.which("setpriv"):
+        return "setpriv (util-linux) is not installed; it drops root inside the sandbox"
+    probe = [bwrap, "--unshare-pid", "--ro-bind", "/", "/", "--proc", "/proc", "--dev", "/dev"]
+    try:
+        result = subprocess.run(probe + ["true"], capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return f"bwrap failed to run: {e}"
+    if result.returncode != 0:
+        return f"bwrap cannot create a sandbox here: {result.stderr.strip()[:300]}"
+    return ""

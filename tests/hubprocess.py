@@ -1,0 +1,141 @@
+"""A real meterhub process for tests: `meterhub serve` on free ports with a given site config."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import requests
+import yaml
+
+ADMIN_TOKEN = "test-admin-token-" + "x" * 16
+MAX_WAIT_SECONDS = 90
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def until(condition, what: str, timeout: float = MAX_WAIT_SECONDS, interval: float = 0.2):
+    """Poll `condition` until it returns something truthy; fail naming `what` at the deadline."""
+    deadline = time.monotonic() + timeout
+    while True:
+        result = condition()
+        if result:
+            return result
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(interval)
+
+
+class HubProcess:
+    def __init__(self, workdir: Path, site: dict):
+        self.workdir = Path(workdir)
+        self.site = dict(site)
+        self.site.setdefault("data_dir", str(self.workdir / "data"))
+        self.data_dir = self.site["data_dir"]
+        self.port = free_port()
+        self.site.setdefault("hub", {"api_port": free_port(), "proxy_api_port": free_port()})
+        self.config_path = self.workdir / "meterhub.yaml"
+        self.config_path.write_text(yaml.safe_dump(self.site))
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log_path = self.workdir / "hub.log"
+        self.proc: subprocess.Popen | None = None
+
+    # -- process
+    def start(self) -> None:
+        meterhub = str(Path(sys.executable).parent / "meterhub")
+        env = dict(os.environ, METERHUB_ADMIN_TOKEN=ADMIN_TOKEN)
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen(
+                [meterhub, "serve", "--config", str(self.config_path), "--port", str(self.port)],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=env,
+                cwd=self.workdir,
+                start_new_session=True,
+            )
+
+        def up():
+            if self.proc.poll() is not None:
+                raise AssertionError(f"hub exited with {self.proc.returncode}:\n{self.log_tail()}")
+            try:
+                return requests.get(f"{self.url}/hub/api/", timeout=5).status_code == 200
+            except requests.ConnectionError:
+                return False
+
+        until(up, "the hub to answer")
+
+    def stop(self, sig=signal.SIGTERM) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            self.proc.wait(60)
+
+    def restart(self) -> None:
+        self.stop()
+        self.start()
+
+    def log_tail(self, lines: int = 60) -> str:
+        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+
+    def teardown(self) -> None:
+        try:
+            if self.proc and self.proc.poll() is None:
+                for user in self.api("GET", "/users").json():
+                    if user["servers"]:
+                        self.api("DELETE", f"/users/{user['name']}/server")
+                self.stop()
+        finally:
+            self.kill_leftovers()
+
+    def kill_leftovers(self) -> None:
+        """Kill any process still running from this hub's data directory (servers, sandboxes)."""
+        marker = self.data_dir.encode()
+        for pid in os.listdir("/proc"):
+            if not pid.isdigit() or int(pid) == os.getpid():
+                continue
+            try:
+                cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+            except OSError:
+                continue
+            if marker in cmdline:
+                try:
+                    os.kill(int(pid), signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+
+    # -- REST API
+    def api(self, method: str, path: str, token: str = ADMIN_TOKEN, **kwargs) -> requests.Response:
+        headers = {"Authorization": f"token {token}", **kwargs.pop("headers", {})}
+        return requests.request(
+            method, f"{self.url}/hub/api{path}", headers=headers, timeout=120, **kwargs
+        )
+
+    def ensure_user(self, name: str) -> None:
+        if self.api("GET", f"/users/{name}").status_code == 404:
+            assert self.api("POST", f"/users/{name}").status_code == 201
+
+    def server(self, name: str) -> dict | None:
+        return self.api("GET", f"/users/{name}").json()["servers"].get("")
+
+    def spawn(self, name: str, options: dict) -> dict:
+        """Start `name`'s server with user options and wait until it is ready."""
+        self.ensure_user(name)
+        r = self.api("POST", f"/users/{name}/server", json=options)
+        assert r.status_code in (201, 202), f"{r.status_code} {r.text}\n{self.log_tail()}"
+        return until(
+            lambda: (s := self.server(name)) and s["ready"] and s,
+            f"{name}'s server to be ready",
+        )
+
+    def stop_server(self, name: str) -> None:
+        r = self.api("DELETE", f"/users/{name}/server")
+        assert r.status_code in (202, 204), r.text
+        until(lambda: self.server(name) is None, f"{name}'s server to stop")
