@@ -18,7 +18,7 @@ from traitlets.config import Config
 from spawner.local import LocalGPUSpawner
 from spawner.sandbox import bwrap_works
 
-from .config import ConfigError, apply_config, demo_pool_dir, load_site_config
+from .config import ConfigError, apply_config, demo_pool_dir
 from .demo_pool import ensure_demo_pool
 
 ADMIN_SERVICE = "meterhub-admin"
@@ -125,16 +125,15 @@ def runtime_config(site: dict, c: Config, ip: str, port: int, environ) -> dict:
 
 def prepare(site: dict) -> None:
     """Create the data directory and, for the embedded default, the demo pool."""
+    if "public_dir" in site and not os.path.isdir(site["public_dir"]):
+        raise ConfigError(f"public_dir: {site['public_dir']} is not a directory")
     os.makedirs(site["data_dir"], mode=0o711, exist_ok=True)
-    if "public_dir" in site:
-        if not os.path.isdir(site["public_dir"]):
-            raise ConfigError(f"public_dir: {site['public_dir']} is not a directory")
-    elif ensure_demo_pool(demo_pool_dir(site)):
+    if "public_dir" not in site and ensure_demo_pool(demo_pool_dir(site)):
         print(f"meterhub: generated the demo pool in {demo_pool_dir(site)}", file=sys.stderr)
 
 
-def serve(config_path: str | None, ip: str, port: int) -> None:
-    site = load_site_config(config_path)
+def serve(site: dict, ip: str, port: int) -> None:
+    """Run the hub in the foreground for a completed site config (see `load_site_config`)."""
     prepare(site)
     c = apply_config(site, Config())
     facts = runtime_config(site, c, ip, port, os.environ)

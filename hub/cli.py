@@ -9,9 +9,12 @@ from .config import ConfigError
 
 
 def _serve(args) -> int:
+    from .config import load_site_config
+
+    site = load_site_config(args.config)  # fail fast, before the hub's heavy imports
     from .app import serve
 
-    serve(args.config, args.ip, args.port)
+    serve(site, args.ip, args.port)
     return 0
 
 

@@ -38,6 +38,7 @@ def until(condition, what: str, timeout: float = MAX_WAIT_SECONDS, interval: flo
 class HubProcess:
     def __init__(self, workdir: Path, site: dict):
         self.workdir = Path(workdir)
+        self.workdir.mkdir(parents=True, exist_ok=True)
         self.site = dict(site)
         self.site.setdefault("data_dir", str(self.workdir / "data"))
         self.data_dir = self.site["data_dir"]
@@ -50,12 +51,15 @@ class HubProcess:
         self.proc: subprocess.Popen | None = None
 
     # -- process
-    def start(self) -> None:
+    def command(self) -> list[str]:
         meterhub = str(Path(sys.executable).parent / "meterhub")
+        return [meterhub, "serve", "--config", str(self.config_path), "--port", str(self.port)]
+
+    def start(self) -> None:
         env = dict(os.environ, METERHUB_ADMIN_TOKEN=ADMIN_TOKEN)
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(
-                [meterhub, "serve", "--config", str(self.config_path), "--port", str(self.port)],
+                self.command(),
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 env=env,

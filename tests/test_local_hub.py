@@ -184,14 +184,7 @@ async def test_hub_restart_keeps_servers_and_their_gpus(hub):
 
 def test_spawn_form_posts_a_profile(hub):
     """The HTML form path: sign in as admin, read the form, post it, get a server."""
-    password = open(os.path.join(hub.data_dir, "admin-password")).read().strip()
-    s = requests.Session()
-    s.get(f"{hub.url}/hub/login")
-    r = s.post(
-        f"{hub.url}/hub/login",
-        data={"username": "admin", "password": password, "_xsrf": s.cookies.get("_xsrf")},
-    )
-    assert r.ok and "/hub/login" not in r.url
+    s = login(hub)
     form = s.get(f"{hub.url}/hub/spawn").text
     for text in ("RTX 4090", "A800", "H800", "Debug mode", "¥4.50/GPU-hour", "¥0.10/h"):
         assert text in form
@@ -227,3 +220,29 @@ print(hits, os.path.exists({os.path.join(hub.data_dir, "disks", "uma")!r}))
     hub.stop_server("vic")
     disk = os.path.join(hub.data_dir, "disks", "uma")
     assert oct(os.stat(disk).st_mode & 0o777) == "0o700"
+
+
+def login(hub) -> requests.Session:
+    password = open(os.path.join(hub.data_dir, "admin-password")).read().strip()
+    s = requests.Session()
+    s.get(f"{hub.url}/hub/login")
+    r = s.post(
+        f"{hub.url}/hub/login",
+        data={"username": "admin", "password": password, "_xsrf": s.cookies.get("_xsrf")},
+    )
+    assert r.ok and "/hub/login" not in r.url, r.status_code
+    return s
+
+
+def test_unsandboxed_hub_warns_in_log_and_on_admin_page(hub_factory):
+    loud = hub_factory({"local": {"sandbox": "off"}, "gpus": []}, name="nosandbox")
+    assert "WARNING: Servers run WITHOUT a sandbox" in loud.log_path.read_text()
+    page = login(loud).get(f"{loud.url}/hub/admin").text
+    assert 'id="meterhub-sandbox-warning"' in page and "WITHOUT a sandbox" in page
+    loud.teardown()
+
+
+def test_sandboxed_hub_has_no_warning(hub):
+    page = login(hub).get(f"{hub.url}/hub/admin").text
+    assert "meterhub-sandbox-warning" not in page
+    assert "react-admin-hook" in page  # it is the real admin page

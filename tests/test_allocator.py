@@ -1,0 +1,80 @@
+"""Exclusive, persistent GPU allocation."""
+
+import threading
+
+import pytest
+
+from spawner.allocator import GpuAllocator, NotEnoughGpus
+from spawner.inventory import declared_inventory
+
+INVENTORY = declared_inventory([{"type": "a800", "count": 4}, {"type": "rtx4090", "count": 1}])
+
+
+@pytest.fixture
+def db(tmp_path):
+    return str(tmp_path / "alloc.sqlite")
+
+
+def test_allocate_release_and_availability(db):
+    alloc = GpuAllocator(db, INVENTORY)
+    assert [g.index for g in alloc.allocate("1/", "a800", 2)] == [0, 1]
+    assert [g.index for g in alloc.allocate("2/", "a800", 1)] == [2]
+    assert alloc.availability() == {"rtx4090": (1, 1), "a800": (4, 1), "h800": (0, 0)}
+    with pytest.raises(NotEnoughGpus, match="Only 1 of 4 A800 GPUs are free now; 2 requested"):
+        alloc.allocate("3/", "a800", 2)
+    assert alloc.held("3/") == []
+    assert alloc.release("1/") == [0, 1]
+    assert [g.index for g in alloc.allocate("3/", "a800", 2)] == [0, 1]
+
+
+def test_messages_for_missing_and_exhausted_types(db):
+    alloc = GpuAllocator(db, INVENTORY)
+    with pytest.raises(NotEnoughGpus, match="no H800 GPUs"):
+        alloc.allocate("1/", "h800", 1)
+    alloc.allocate("1/", "rtx4090", 1)
+    with pytest.raises(NotEnoughGpus, match="All 1 RTX 4090 GPUs are in use"):
+        alloc.allocate("2/", "rtx4090", 1)
+
+
+def test_allocation_is_idempotent_per_owner_and_replaces_stale(db):
+    alloc = GpuAllocator(db, INVENTORY)
+    first = alloc.allocate("1/", "a800", 2)
+    assert alloc.allocate("1/", "a800", 2) == first
+    assert [g.type for g in alloc.allocate("1/", "rtx4090", 1)] == ["rtx4090"]
+    assert alloc.availability()["a800"] == (4, 4)
+
+
+def test_allocations_survive_a_new_allocator(db):
+    GpuAllocator(db, INVENTORY).allocate("1/", "a800", 4)
+    again = GpuAllocator(db, INVENTORY)
+    assert [g.index for g in again.held("1/")] == [0, 1, 2, 3]
+    with pytest.raises(NotEnoughGpus):
+        again.allocate("2/", "a800", 1)
+
+
+def test_reconcile_releases_owners_not_running(db):
+    alloc = GpuAllocator(db, INVENTORY)
+    alloc.allocate("1/", "a800", 1)
+    alloc.allocate("2/", "a800", 2)
+    assert alloc.reconcile({"2/"}) == {"1/": [0]}
+    assert alloc.owners() == {1: "2/", 2: "2/"}
+
+
+def test_concurrent_allocations_never_share_a_gpu(db):
+    allocators = [GpuAllocator(db, INVENTORY) for _ in range(8)]
+    results: dict[str, list[int]] = {}
+    errors = []
+
+    def take(i):
+        try:
+            results[f"{i}/"] = [g.index for g in allocators[i].allocate(f"{i}/", "a800", 1)]
+        except NotEnoughGpus as e:
+            errors.append(e)
+
+    threads = [threading.Thread(target=take, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    taken = [i for indices in results.values() for i in indices]
+    assert sorted(taken) == [0, 1, 2, 3] and len(errors) == 4

@@ -1,0 +1,128 @@
+"""The site config: schema errors that name the key, and a pure translation to traitlets."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from traitlets.config import Config
+
+from hub.config import ConfigError, apply_config, load_site_config
+
+
+def write(tmp_path, text) -> Path:
+    path = tmp_path / "meterhub.yaml"
+    path.write_text(text)
+    return path
+
+
+def test_embedded_default(tmp_path):
+    site = load_site_config(None, cwd=str(tmp_path))
+    assert site["data_dir"] == str(tmp_path / "meterhub-data")
+    assert site["admin_users"] == ["admin"]
+    assert site["local"] == {
+        "sandbox": "auto",
+        "uid_base": 200000,
+        "disk_mount_path": "/home/jovyan",
+    }
+    assert "gpus" not in site  # detect with NVML
+    c = apply_config(site, Config())
+    assert c.JupyterHub.spawner_class == "spawner.local.LocalGPUSpawner"
+    assert c.JupyterHub.db_url == f"sqlite:///{tmp_path}/meterhub-data/jupyterhub.sqlite"
+    assert c.JupyterHub.cleanup_servers is False
+    assert c.LocalGPUSpawner.pool_dir == str(tmp_path / "meterhub-data" / "pool")
+    assert "gpus" not in c.LocalGPUSpawner
+    assert c.Catalog.prices == {}
+
+
+def test_apply_config_translates_every_key(tmp_path):
+    path = write(
+        tmp_path,
+        """
+data_dir: /srv/mh
+public_dir: /srv/pool
+gpus: [{type: a800, count: 2}, {type: rtx4090, count: 1}]
+profiles:
+  a800: {price_per_hour: 4.8}
+  debug: {price_per_hour: "0.05"}
+admin_users: [boss, deputy]
+hub: {api_port: 9081, proxy_api_port: 9001}
+local: {sandbox: off, uid_base: 300000, disk_mount_path: /home/student}
+""",
+    )
+    c = apply_config(load_site_config(path), Config())
+    assert c.LocalGPUSpawner.data_dir == "/srv/mh"
+    assert c.LocalGPUSpawner.pool_dir == "/srv/pool"
+    assert c.LocalGPUSpawner.gpus == [{"type": "a800", "count": 2}, {"type": "rtx4090", "count": 1}]
+    assert c.LocalGPUSpawner.sandbox == "off"  # YAML's bare `off` is false
+    assert c.LocalGPUSpawner.uid_base == 300000
+    assert c.LocalGPUSpawner.disk_mount_path == "/home/student"
+    assert c.Catalog.prices == {"a800": "4.80", "debug": "0.05"}
+    assert c.Authenticator.admin_users == {"boss", "deputy"}
+    assert c.JupyterHub.hub_port == 9081
+    assert c.ConfigurableHTTPProxy.api_url == "http://127.0.0.1:9001"
+
+
+def test_apply_config_is_pure():
+    site = load_site_config(None, cwd="/x")
+    before = repr(site)
+    first = apply_config(site, Config())
+    assert apply_config(site, Config()) == first
+    assert repr(site) == before
+
+
+@pytest.mark.parametrize(
+    "text, named",
+    [
+        ("datadir: /x", "datadir: unknown key"),
+        ("profiles: {a800: {pryce: 1}}", "profiles.a800.pryce: unknown key"),
+        ("profiles: {a100: {price_per_hour: 1}}", "profiles.a100: unknown key"),
+        ("gpus: [{type: a800, count: 0}]", "gpus.0.count"),
+        ("gpus: [{type: v100, count: 1}]", "gpus.0.type"),
+        ("gpus: [{type: a800}]", "gpus.0: 'count' is a required property"),
+        ("gpus: {a800: 2}", "gpus: {'a800': 2} is not of type 'array'"),
+        ("data_dir: 5", "data_dir: 5 is not of type 'string'"),
+        ("profiles: {a800: {price_per_hour: 4.555}}", "profiles.a800.price_per_hour"),
+        ("profiles: {a800: {price_per_hour: -1}}", "profiles.a800.price_per_hour"),
+        ("local: {sandbox: docker}", "local.sandbox"),
+        ("hub: {api_port: 70000}", "hub.api_port"),
+        ("- a list", "(top level)"),
+        ("key: [unclosed", "not valid YAML"),
+    ],
+)
+def test_errors_name_the_key(tmp_path, text, named):
+    with pytest.raises(ConfigError) as e:
+        load_site_config(write(tmp_path, text))
+    assert named in str(e.value)
+    assert str(tmp_path / "meterhub.yaml") in str(e.value)
+
+
+def test_cli_prints_a_readable_line_and_exits_2(tmp_path):
+    path = write(tmp_path, "profiles: {a800: {pryce: 1}}\n")
+    meterhub = str(Path(sys.executable).parent / "meterhub")
+    out = subprocess.run(
+        [meterhub, "serve", "--config", str(path)], capture_output=True, text=True, timeout=60
+    )
+    assert out.returncode == 2
+    assert "profiles.a800.pryce: unknown key" in out.stderr
+    assert "Traceback" not in out.stderr
+    assert not (tmp_path / "meterhub-data").exists(), "a bad config writes nothing"
+    missing = subprocess.run(
+        [meterhub, "serve", "--config", str(tmp_path / "nope.yaml")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert missing.returncode == 2 and "cannot read" in missing.stderr
+
+
+def test_missing_public_dir_is_refused_before_writing(tmp_path):
+    path = write(tmp_path, f"data_dir: {tmp_path}/data\npublic_dir: {tmp_path}/no-pool\n")
+    meterhub = str(Path(sys.executable).parent / "meterhub")
+    out = subprocess.run(
+        [meterhub, "serve", "--config", str(path)], capture_output=True, text=True, timeout=60
+    )
+    assert (
+        out.returncode == 2 and "public_dir:" in out.stderr and "is not a directory" in out.stderr
+    )
+    assert not (tmp_path / "data").exists()

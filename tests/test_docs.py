@@ -1,0 +1,26 @@
+"""The configuration reference is generated from the schema and must stay in step with it."""
+
+from pathlib import Path
+
+from hub.docs import render
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_configuration_reference_matches_schema():
+    on_disk = (ROOT / "docs" / "configuration.md").read_text()
+    assert on_disk == render(), "run: .venv/bin/python -m hub.docs > docs/configuration.md"
+
+
+def test_every_schema_key_is_documented():
+    text = (ROOT / "docs" / "configuration.md").read_text()
+    for key in (
+        "data_dir",
+        "public_dir",
+        "gpus[].type",
+        "profiles.a800.price_per_hour",
+        "local.sandbox",
+        "local.uid_base",
+        "hub.api_port",
+    ):
+        assert f"`{key}`" in text

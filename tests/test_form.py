@@ -1,0 +1,47 @@
+"""The spawn form: every profile, prices, free counts and reasons for what cannot start."""
+
+from spawner.catalog import Catalog
+from spawner.form import profile_options, render_options_form
+
+AVAILABLE = {"rtx4090": (4, 3), "a800": (2, 0), "h800": (0, 0)}
+
+
+def test_options_disable_what_cannot_start_with_reasons():
+    options = {o.profile.slug: o for o in profile_options(Catalog(), AVAILABLE)}
+    assert options["debug"].disabled_reason == ""
+    assert options["a800"].disabled_reason == "All 2 A800 GPUs are in use"
+    assert options["h800"].disabled_reason == "No H800 on this machine"
+    counts = {c.count: c.disabled_reason for c in options["rtx4090"].counts}
+    assert counts == {1: "", 2: "", 4: "only 3 free", 8: "only 3 free"}
+    assert [str(c.price_per_hour) for c in options["rtx4090"].counts] == [
+        "1.25",
+        "2.50",
+        "5.00",
+        "10.00",
+    ]
+
+
+def test_rendered_form_shows_names_vram_prices_and_free():
+    html = render_options_form(Catalog(), AVAILABLE)
+    for text in (
+        "RTX 4090",
+        "24 GB VRAM",
+        "80 GB VRAM",
+        "¥1.25/GPU-hour",
+        "¥10.00/h",
+        "3 of 4 free",
+        "no GPU, same disk",
+        "¥0.10/h",
+        "No H800 on this machine",
+        'name="gpus_rtx4090"',
+    ):
+        assert text in html, text
+    # debug is the first enabled choice and is preselected
+    assert 'value="debug" checked' in html
+    assert 'value="a800" disabled' in html
+
+
+def test_unknown_availability_offers_everything():
+    html = render_options_form(Catalog(), None)
+    assert " disabled" not in html
+    assert "free" not in html.replace("data-free", "")
