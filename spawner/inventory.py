@@ -91,8 +91,20 @@ def detect_inventory(nvml=None) -> list[Gpu]:
         nvml.nvmlShutdown()
 
 
-def existing_control_devices() -> list[str]:
-    return [path for path in CONTROL_DEVICES if os.path.exists(path)]
+def device_nodes(gpus: list[Gpu], exists=os.path.exists) -> list[str]:
+    """Device nodes a server with `gpus` needs: its own /dev/nvidiaN and the control devices."""
+    nodes = [gpu.device_node for gpu in gpus if exists(gpu.device_node)]
+    if not nodes:
+        return []
+    return nodes + [path for path in CONTROL_DEVICES if exists(path)]
+
+
+def visible_devices_env(gpus: list[Gpu]) -> dict[str, str]:
+    """What CUDA and the NVIDIA runtime see: exactly `gpus`, or none at all (debug mode)."""
+    if not gpus:
+        return {"CUDA_VISIBLE_DEVICES": "", "NVIDIA_VISIBLE_DEVICES": "void"}
+    visible = ",".join(gpu.uuid or str(gpu.index) for gpu in gpus)
+    return {"CUDA_VISIBLE_DEVICES": visible, "NVIDIA_VISIBLE_DEVICES": visible}
 
 
 def _text(value) -> str:

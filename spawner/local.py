@@ -11,6 +11,7 @@ import asyncio
 import functools
 import os
 import shutil
+import signal
 import sys
 from subprocess import Popen
 
@@ -18,12 +19,12 @@ from escapism import escape
 from jupyterhub.spawner import LocalProcessSpawner
 from jupyterhub.utils import random_port
 from tornado import web
-from traitlets import Bool, Dict, Enum, Instance, Int, List, Unicode, default
+from traitlets import Dict, Enum, Instance, Int, List, Unicode, default
 
 from .allocator import GpuAllocator, NotEnoughGpus
 from .catalog import Catalog, Choice, InvalidChoice
 from .form import render_options_form
-from .inventory import Gpu, declared_inventory, detect_inventory, existing_control_devices
+from .inventory import Gpu, declared_inventory, detect_inventory, device_nodes, visible_devices_env
 from .sandbox import SandboxSpec, bwrap_command, bwrap_works
 
 SAFE_NAME_CHARS = "abcdefghijklmnopqrstuvwxyz0123456789"
@@ -37,6 +38,25 @@ def _detected_inventory() -> tuple[Gpu, ...]:
 @functools.cache
 def _allocator(db_path: str, inventory: tuple[Gpu, ...]) -> GpuAllocator:
     return GpuAllocator(db_path, list(inventory))
+
+
+def environment_paths(prefix: str) -> list[str]:
+    """Host paths a Python environment needs: itself and, for a venv, its base interpreter."""
+    candidates = [prefix]
+    try:
+        with open(os.path.join(prefix, "pyvenv.cfg")) as f:
+            for line in f:
+                key, _, value = line.partition("=")
+                if key.strip() == "home":
+                    candidates.append(os.path.dirname(value.strip()))
+    except FileNotFoundError:
+        pass
+    paths: list[str] = []
+    for path in candidates:
+        for p in (path, os.path.realpath(path)):
+            if p not in paths and os.path.isdir(p):
+                paths.append(p)
+    return paths
 
 
 def disk_dirname(username: str) -> str:
@@ -127,11 +147,6 @@ class LocalGPUSpawner(LocalProcessSpawner):
     @default("server_env_prefix")
     def _default_server_env_prefix(self):
         return sys.prefix
-
-    hide_gpus_in_debug = Bool(
-        True,
-        help="Debug mode hides every GPU even on a GPU host (CUDA_VISIBLE_DEVICES='').",
-    ).tag(config=True)
 
     catalog = Instance(Catalog)
 
@@ -263,7 +278,7 @@ class LocalGPUSpawner(LocalProcessSpawner):
                     pool_mount=self.pool_mount_path,
                     ro_paths=tuple(self._environment_paths()),
                     hidden=(os.path.abspath(self.data_dir),),
-                    devices=tuple(self._device_nodes(gpus)),
+                    devices=tuple(device_nodes(gpus)),
                     files=files,
                     run_as=self.run_as,
                 )
@@ -286,12 +301,38 @@ class LocalGPUSpawner(LocalProcessSpawner):
                 **self.popen_kwargs,
             )
             self.pid = self.proc.pid
+            self._progress(80, "Waiting for JupyterLab to answer")
+            await self._wait_for_port_or_exit()
         except BaseException:
+            if self.proc is not None and self.proc.poll() is None:
+                await self._signal(signal.SIGKILL)
             await asyncio.to_thread(self.allocator.release, self.owner_key)
             self.gpu_indices = []
             raise
-        self._progress(80, "Waiting for JupyterLab to answer")
         return (self.ip or "127.0.0.1", self.port)
+
+    async def _wait_for_port_or_exit(self) -> None:
+        """Return once the server listens; fail with a clear message if it exits first.
+
+        JupyterHub would otherwise only notice the exit later, as a generic error.
+        """
+        ip = self.ip or "127.0.0.1"
+        while True:
+            status = self.proc.poll()
+            if status is not None and not await self._signal(0):
+                raise web.HTTPError(
+                    500,
+                    f"The server exited during start-up (status {status});"
+                    " the hub's log has its output.",
+                    reason="Server exited",
+                )
+            try:
+                _, writer = await asyncio.open_connection(ip, self.port)
+            except OSError:
+                await asyncio.sleep(0.1)
+                continue
+            writer.close()
+            return
 
     def _profile_env(self, choice: Choice, gpus: list[Gpu], sandboxed: bool) -> dict[str, str]:
         env = {
@@ -300,28 +341,12 @@ class LocalGPUSpawner(LocalProcessSpawner):
             "METERHUB_PUBLIC_DIR": self.pool_mount_path if sandboxed else self.pool_dir,
             "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
         }
-        if gpus:
-            visible = ",".join(gpu.uuid or str(gpu.index) for gpu in gpus)
-            env["CUDA_VISIBLE_DEVICES"] = visible
-            env["NVIDIA_VISIBLE_DEVICES"] = visible
-        elif self.hide_gpus_in_debug or choice.profile.is_debug:
-            env["CUDA_VISIBLE_DEVICES"] = ""
-            env["NVIDIA_VISIBLE_DEVICES"] = "void"
+        env.update(visible_devices_env(gpus))
         return env
-
-    def _device_nodes(self, gpus: list[Gpu]) -> list[str]:
-        nodes = [gpu.device_node for gpu in gpus if os.path.exists(gpu.device_node)]
-        return nodes + existing_control_devices() if nodes else []
 
     def _environment_paths(self) -> list[str]:
         """Host paths the server's Python needs: the environment and its base interpreter."""
-        paths = []
-        for path in (self.server_env_prefix, sys.base_prefix, os.path.dirname(sys.executable)):
-            real = os.path.realpath(path)
-            for p in (path, real):
-                if p not in paths and os.path.isdir(p):
-                    paths.append(p)
-        return paths
+        return environment_paths(self.server_env_prefix)
 
     def user_env(self, env):
         env["USER"] = "jovyan"

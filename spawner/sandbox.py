@@ -54,6 +54,16 @@ def bwrap_command(spec: SandboxSpec, command: list[str], bwrap: str = "bwrap") -
         elif os.path.isdir(path):
             args += ["--ro-bind", path, path]
             bound.append(path)
+    args += ["--proc", "/proc", "--dev", "/dev", "--perms", "1777", "--tmpfs", "/dev/shm"]
+    for device in spec.devices:
+        args += ["--dev-bind", device, device]
+    args += ["--perms", "1777", "--tmpfs", "/tmp", "--tmpfs", "/run", "--tmpfs", "/var"]
+    args += ["--perms", "1777", "--dir", "/var/tmp", "--tmpfs", "/home"]
+    # /run is hidden (host sockets live there), but name resolution may point into it
+    resolv = os.path.realpath("/etc/resolv.conf")
+    if _inside(resolv, "/run") and os.path.isfile(resolv):
+        args += ["--ro-bind", resolv, resolv]
+    # after the private /tmp, /home, ...: the environment may live below one of them
     for path in spec.ro_paths:
         if not any(_inside(path, b) for b in bound):
             # parents bwrap would create as 0700 root: make them traversable by the user
@@ -65,16 +75,7 @@ def bwrap_command(spec: SandboxSpec, command: list[str], bwrap: str = "bwrap") -
     for path in spec.hidden:
         if any(_inside(path, b) for b in bound):
             args += ["--tmpfs", path]
-    args += ["--proc", "/proc", "--dev", "/dev", "--perms", "1777", "--tmpfs", "/dev/shm"]
-    for device in spec.devices:
-        args += ["--dev-bind", device, device]
-    args += ["--perms", "1777", "--tmpfs", "/tmp", "--tmpfs", "/run", "--tmpfs", "/var"]
-    args += ["--perms", "1777", "--dir", "/var/tmp"]
-    # /run is hidden (host sockets live there), but name resolution may point into it
-    resolv = os.path.realpath("/etc/resolv.conf")
-    if _inside(resolv, "/run") and os.path.isfile(resolv):
-        args += ["--ro-bind", resolv, resolv]
-    args += ["--tmpfs", "/home", "--bind", spec.disk, spec.disk_mount]
+    args += ["--bind", spec.disk, spec.disk_mount]
     if spec.pool:
         args += ["--ro-bind", spec.pool, spec.pool_mount]
     for inside, host_file in spec.files.items():

@@ -2,7 +2,13 @@
 
 import pytest
 
-from spawner.inventory import Gpu, declared_inventory, detect_inventory
+from spawner.inventory import (
+    Gpu,
+    declared_inventory,
+    detect_inventory,
+    device_nodes,
+    visible_devices_env,
+)
 
 
 class FakeNVML:
@@ -54,3 +60,27 @@ def test_nvml_detection_maps_products_and_skips_unknown():
 def test_no_nvml_means_no_gpus():
     assert detect_inventory(FakeNVML([], fail_init=True)) == []
     assert detect_inventory(FakeNVML([])) == []
+
+
+def test_device_nodes_only_for_the_servers_gpus():
+    present = {"/dev/nvidia0", "/dev/nvidia1", "/dev/nvidia2", "/dev/nvidiactl", "/dev/nvidia-uvm"}
+    gpus = [Gpu(1, "a800", 1), Gpu(2, "a800", 2)]
+    assert device_nodes(gpus, exists=present.__contains__) == [
+        "/dev/nvidia1",
+        "/dev/nvidia2",
+        "/dev/nvidiactl",
+        "/dev/nvidia-uvm",
+    ]
+    # debug mode, or a declared inventory on a machine without the nodes: nothing is bound
+    assert device_nodes([], exists=present.__contains__) == []
+    assert device_nodes([Gpu(5, "a800", 5)], exists=present.__contains__) == []
+
+
+def test_visible_devices_env_hides_everything_in_debug():
+    assert visible_devices_env([]) == {"CUDA_VISIBLE_DEVICES": "", "NVIDIA_VISIBLE_DEVICES": "void"}
+    env = visible_devices_env([Gpu(0, "h800", 0, "GPU-aaaa"), Gpu(3, "h800", 3, "GPU-bbbb")])
+    assert env == {
+        "CUDA_VISIBLE_DEVICES": "GPU-aaaa,GPU-bbbb",
+        "NVIDIA_VISIBLE_DEVICES": "GPU-aaaa,GPU-bbbb",
+    }
+    assert visible_devices_env([Gpu(2, "a800", 2)])["CUDA_VISIBLE_DEVICES"] == "2"

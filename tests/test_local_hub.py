@@ -246,3 +246,21 @@ def test_sandboxed_hub_has_no_warning(hub):
     page = login(hub).get(f"{hub.url}/hub/admin").text
     assert "meterhub-sandbox-warning" not in page
     assert "react-admin-hook" in page  # it is the real admin page
+
+
+def test_a_server_that_dies_at_start_fails_clearly_and_frees_its_gpus(hub_factory, tmp_path):
+    pool = tmp_path / "nfs-pool"
+    pool.mkdir()
+    broken = hub_factory(
+        {"public_dir": str(pool), "gpus": [{"type": "a800", "count": 1}]}, name="broken"
+    )
+    pool.rmdir()  # the pool's filesystem went away: bwrap cannot mount /public
+    broken.ensure_user("zoe")
+    r = broken.api("POST", "/users/zoe/server", json={"profile": "a800", "gpus": "1"})
+    assert r.status_code == 500
+    assert "exited during start-up" in r.json()["message"]
+    assert broken.server("zoe") is None
+    pool.mkdir()
+    server = broken.spawn("zoe", {"profile": "a800", "gpus": "1"})  # its GPU was released
+    assert server["state"]["gpu_indices"] == [0]
+    broken.teardown()

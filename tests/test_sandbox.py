@@ -80,6 +80,9 @@ def test_sandbox_really_hides_and_protects(tmp_path):
     disk.mkdir(parents=True)
     pool.mkdir()
     (pool / "model.txt").write_text("weights\n")
+    env = tmp_path / "env"  # an environment below /tmp, as in a fresh clone under /tmp
+    env.mkdir()
+    (env / "marker").write_text("env\n")
     run_as = (200099, 200099) if os.geteuid() == 0 else None
     if run_as:
         os.chown(disk, *run_as)
@@ -90,19 +93,33 @@ def test_sandbox_really_hides_and_protects(tmp_path):
             pool=str(pool),
             pool_mount="/public",
             hidden=(str(data),),
+            ro_paths=(str(env),),
             run_as=run_as,
         ),
         [
             "/bin/sh",
             "-c",
-            f"id -u; cat /public/model.txt; echo hi > note && cat note;"
+            f"id -u; cat /public/model.txt; echo hi > note && cat note; cat {env}/marker;"
             f" touch /public/x 2>/dev/null || echo pool-ro; ls {data} 2>/dev/null || echo no-data",
         ],
     )
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=30)
     assert out.returncode == 0, out.stderr
-    assert len(out.stdout.split()) == 5, (out.stdout, out.stderr)
-    uid, weights, note, pool_ro, no_data = out.stdout.split()
+    assert len(out.stdout.split()) == 6, (out.stdout, out.stderr)
+    uid, weights, note, marker, pool_ro, no_data = out.stdout.split()
     assert int(uid) == (run_as[0] if run_as else os.getuid())
-    assert (weights, note, pool_ro, no_data) == ("weights", "hi", "pool-ro", "no-data")
+    assert (weights, note, marker) == ("weights", "hi", "env")
+    assert (pool_ro, no_data) == ("pool-ro", "no-data")
     assert (disk / "note").read_text() == "hi\n"
+
+
+def test_environment_paths_include_a_venvs_base_interpreter(tmp_path):
+    from spawner.local import environment_paths
+
+    base = tmp_path / "python3.11"
+    (base / "bin").mkdir(parents=True)
+    venv = tmp_path / "venv"
+    venv.mkdir()
+    (venv / "pyvenv.cfg").write_text(f"home = {base}/bin\ninclude-system-site-packages = false\n")
+    assert environment_paths(str(venv)) == [str(venv), str(base)]
+    assert environment_paths(str(base)) == [str(base)]
