@@ -1,0 +1,360 @@
+"""The ledger: wallets, append-only entries and metered sessions, exact and idempotent.
+
+Every movement of credit is an entry with a deterministic key under a UNIQUE constraint,
+written in the same transaction as the wallet's cached balance (and, for a charge, the
+session's metered-through time, advanced by compare-and-set). So a retry, a duplicate tick,
+a second meter or a crash between statements can neither lose nor double a charge.
+All methods are blocking: the hub and the meter call them off their event loops.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+from sqlalchemy import func, select, update
+from sqlalchemy.engine import Engine
+from sqlalchemy.orm import Session, sessionmaker
+
+from .clock import utcnow
+from .money import MICROS, accrued, format_money, window_charge
+from .orm import Entry, MeteredSession, Wallet
+
+
+class LedgerError(Exception):
+    """A ledger operation that cannot be done; the message is for people."""
+
+
+class InsufficientCredit(LedgerError):
+    pass
+
+
+class KeyConflict(LedgerError):
+    """The same idempotency key was used for a different movement: a bug, stop loudly."""
+
+
+class ConcurrentUpdate(LedgerError):
+    """Another writer advanced the same session first; the transaction was rolled back."""
+
+
+@dataclass(frozen=True)
+class Authorization:
+    session_id: int
+    balance_micros: int
+    rate_micros_per_hour: int
+
+
+def _no_fault(point: str) -> None:
+    pass
+
+
+class Ledger:
+    def __init__(
+        self,
+        engine: Engine,
+        currency: str = "CNY",
+        trial_credit_micros: int = 10 * MICROS,
+        overdraft_micros: int = 0,
+        clock: Callable[[], int] = utcnow,
+        fault: Callable[[str], None] = _no_fault,
+    ):
+        self.engine = engine
+        self.currency = currency
+        self.trial_credit_micros = trial_credit_micros
+        self.overdraft_micros = overdraft_micros
+        self.clock = clock
+        #: called between the statements of a transaction; tests inject crashes here
+        self.fault = fault
+        self._sessions = sessionmaker(engine, expire_on_commit=False)
+
+    @contextmanager
+    def begin(self):
+        with self._sessions.begin() as db:
+            yield db
+
+    # ------------------------------------------------------------------ wallets
+
+    def _wallet(self, db: Session, user: str, lock: bool = False) -> Wallet | None:
+        query = select(Wallet).where(Wallet.owner_kind == "user", Wallet.owner_name == user)
+        if lock:
+            query = query.with_for_update()
+        return db.scalars(query.execution_options(populate_existing=True)).first()
+
+    def _ensure_wallet(self, db: Session, user: str) -> Wallet:
+        wallet = self._wallet(db, user, lock=True)
+        if wallet is None:
+            wallet = Wallet(
+                owner_kind="user",
+                owner_name=user,
+                currency=self.currency,
+                balance_micros=0,
+                created_at=self.clock(),
+            )
+            db.add(wallet)
+            db.flush()
+            self.fault("wallet-created")
+            if self.trial_credit_micros:
+                self._post(
+                    db,
+                    wallet,
+                    "trial",
+                    self.trial_credit_micros,
+                    f"trial:user:{user}",
+                    note="trial credit",
+                )
+        return wallet
+
+    def ensure_user(self, user: str) -> int:
+        """The user's wallet, created with the trial credit exactly once; returns the balance."""
+        with self.begin() as db:
+            return self._ensure_wallet(db, user).balance_micros
+
+    def balance(self, user: str) -> int | None:
+        with self.begin() as db:
+            wallet = self._wallet(db, user)
+            return None if wallet is None else wallet.balance_micros
+
+    def _post(
+        self,
+        db: Session,
+        wallet: Wallet,
+        kind: str,
+        amount: int,
+        key: str,
+        note: str = "",
+        **fields,
+    ) -> Entry:
+        """Append an entry and move the cached balance, in the caller's transaction."""
+        existing = db.scalars(select(Entry).where(Entry.key == key)).first()
+        if existing is not None:
+            if existing.amount_micros != amount or existing.wallet_id != wallet.id:
+                raise KeyConflict(
+                    f"key {key!r} already moved {existing.amount_micros} on wallet"
+                    f" {existing.wallet_id}; refusing {amount} on wallet {wallet.id}"
+                )
+            return existing
+        db.execute(
+            update(Wallet)
+            .where(Wallet.id == wallet.id)
+            .values(balance_micros=Wallet.balance_micros + amount)
+        )
+        self.fault("balance-updated")
+        balance = db.scalar(select(Wallet.balance_micros).where(Wallet.id == wallet.id))
+        entry = Entry(
+            wallet_id=wallet.id,
+            kind=kind,
+            amount_micros=amount,
+            balance_after_micros=balance,
+            key=key,
+            note=note,
+            created_at=self.clock(),
+            **fields,
+        )
+        db.add(entry)
+        db.flush()
+        self.fault("entry-written")
+        wallet.balance_micros = balance
+        return entry
+
+    def grant(
+        self, user: str, amount_micros: int, key: str, note: str = "", kind: str = "grant"
+    ) -> Entry:
+        if amount_micros <= 0:
+            raise LedgerError("a grant must be positive")
+        with self.begin() as db:
+            wallet = self._ensure_wallet(db, user)
+            return self._post(db, wallet, kind, amount_micros, key, note=note)
+
+    # ------------------------------------------------------------------ sessions
+
+    def open_session(
+        self,
+        user: str,
+        server_name: str,
+        profile: str,
+        gpus: int,
+        rate_micros_per_hour: int,
+        min_seconds: int,
+        label: str = "",
+    ) -> Authorization:
+        """Authorize a spawn and open its session, or refuse with what to do.
+
+        The wallet must cover `min_seconds` at this rate on top of the same minimum for the
+        user's other open sessions, so two concurrent spawns cannot together overspend.
+        """
+        now = self.clock()
+        with self.begin() as db:
+            wallet = self._ensure_wallet(db, user)
+            open_rates = db.scalars(
+                select(MeteredSession.rate_micros_per_hour).where(
+                    MeteredSession.wallet_id == wallet.id, MeteredSession.stopped_at.is_(None)
+                )
+            ).all()
+            needed = sum(accrued(rate, min_seconds) for rate in [*open_rates, rate_micros_per_hour])
+            available = wallet.balance_micros + self.overdraft_micros
+            if available < needed:
+                minutes = min_seconds // 60
+                raise InsufficientCredit(
+                    f"Your balance is {format_money(wallet.balance_micros, self.currency)}; "
+                    f"{label or profile} costs {format_money(rate_micros_per_hour, self.currency)}/h"
+                    f" and needs at least {minutes} minutes of credit"
+                    f" ({format_money(needed, self.currency)}"
+                    + (" with your running servers" if open_rates else "")
+                    + "). Top up, or choose debug mode."
+                )
+            session = MeteredSession(
+                wallet_id=wallet.id,
+                user_name=user,
+                server_name=server_name,
+                profile=profile,
+                gpus=gpus,
+                rate_micros_per_hour=rate_micros_per_hour,
+                started_at=now,
+            )
+            db.add(session)
+            db.flush()
+            return Authorization(session.id, wallet.balance_micros, rate_micros_per_hour)
+
+    def mark_ready(self, session_id: int, at: int | None = None) -> None:
+        """Charging starts here. Idempotent: the first ready time wins."""
+        at = self.clock() if at is None else at
+        with self.begin() as db:
+            db.execute(
+                update(MeteredSession)
+                .where(MeteredSession.id == session_id, MeteredSession.ready_at.is_(None))
+                .values(ready_at=at, metered_through=at, last_seen_running=at)
+            )
+
+    def seen_running(self, session_id: int, at: int | None = None) -> None:
+        at = self.clock() if at is None else at
+        with self.begin() as db:
+            db.execute(
+                update(MeteredSession)
+                .where(MeteredSession.id == session_id)
+                .where(
+                    (MeteredSession.last_seen_running.is_(None))
+                    | (MeteredSession.last_seen_running < at)
+                )
+                .values(last_seen_running=at)
+            )
+
+    def charge(self, session_id: int, until: int) -> Entry | None:
+        """Charge [metered_through, until) of a session; None when there is nothing to charge."""
+        with self.begin() as db:
+            session = db.get(
+                MeteredSession, session_id, with_for_update=True, populate_existing=True
+            )
+            if session is None or session.ready_at is None:
+                return None
+            self.fault("session-read")
+            end = until if session.stopped_at is None else min(until, session.stopped_at)
+            start = session.metered_through
+            if end <= start:
+                return None
+            amount = -window_charge(session.rate_micros_per_hour, session.ready_at, start, end)
+            moved = db.execute(
+                update(MeteredSession)
+                .where(MeteredSession.id == session_id, MeteredSession.metered_through == start)
+                .values(metered_through=end)
+            )
+            if moved.rowcount != 1:
+                raise ConcurrentUpdate(f"session {session_id} was metered by someone else")
+            self.fault("metered-through-advanced")
+            wallet = db.get(Wallet, session.wallet_id, populate_existing=True)
+            return self._post(
+                db,
+                wallet,
+                "charge",
+                amount,
+                f"charge:{session_id}:{start}-{end}",
+                session_id=session_id,
+                window_start=start,
+                window_end=end,
+            )
+
+    def close_session(self, session_id: int, at: int | None = None) -> Entry | None:
+        """Stop the clock at `at` (a failed spawn that never got ready costs nothing)."""
+        at = self.clock() if at is None else at
+        with self.begin() as db:
+            session = db.get(
+                MeteredSession, session_id, with_for_update=True, populate_existing=True
+            )
+            if session is None or session.stopped_at is not None:
+                return None
+            if session.ready_at is not None:
+                at = max(at, session.metered_through)
+            session.stopped_at = at
+        return self.charge(session_id, at)
+
+    def open_sessions(self) -> list[MeteredSession]:
+        with self.begin() as db:
+            return list(
+                db.scalars(
+                    select(MeteredSession)
+                    .where(MeteredSession.stopped_at.is_(None))
+                    .order_by(MeteredSession.id)
+                )
+            )
+
+    # ------------------------------------------------------------------ audit
+
+    def audit(self, now: int | None = None) -> list[str]:
+        """Every violation of the ledger's invariants, as readable lines; [] when sound."""
+        now = self.clock() if now is None else now
+        problems: list[str] = []
+        with self.begin() as db:
+            sums = dict(
+                db.execute(
+                    select(Entry.wallet_id, func.sum(Entry.amount_micros)).group_by(Entry.wallet_id)
+                ).all()
+            )
+            for wallet in db.scalars(select(Wallet)):
+                total = int(sums.get(wallet.id) or 0)
+                if total != wallet.balance_micros:
+                    problems.append(
+                        f"wallet {wallet.id} ({wallet.owner_name}): entries sum to {total},"
+                        f" cached balance is {wallet.balance_micros}"
+                    )
+            charges: dict[int, list[Entry]] = {}
+            for entry in db.scalars(
+                select(Entry).where(Entry.kind == "charge").order_by(Entry.window_start)
+            ):
+                charges.setdefault(entry.session_id, []).append(entry)
+            for session in db.scalars(select(MeteredSession)):
+                problems += _audit_session(session, charges.get(session.id, []), now)
+        return problems
+
+
+def _audit_session(session: MeteredSession, entries: list[Entry], now: int) -> list[str]:
+    where = f"session {session.id} ({session.user_name})"
+    if session.ready_at is None:
+        return [f"{where}: charged but never ready"] if entries else []
+    problems = []
+    cursor = session.ready_at
+    for entry in entries:
+        if entry.window_start != cursor:
+            kind = "overlapping" if entry.window_start < cursor else "gapped"
+            problems.append(
+                f"{where}: {kind} window [{entry.window_start}, {entry.window_end}) after {cursor}"
+            )
+        expected = -window_charge(
+            session.rate_micros_per_hour, session.ready_at, entry.window_start, entry.window_end
+        )
+        if entry.amount_micros != expected:
+            problems.append(
+                f"{where}: window [{entry.window_start}, {entry.window_end}) charged {entry.amount_micros}, expected {expected}"
+            )
+        if entry.key != f"charge:{session.id}:{entry.window_start}-{entry.window_end}":
+            problems.append(f"{where}: charge key {entry.key!r} does not name its window")
+        cursor = entry.window_end
+    if cursor != session.metered_through:
+        problems.append(
+            f"{where}: windows end at {cursor}, metered through {session.metered_through}"
+        )
+    observed_end = session.stopped_at if session.stopped_at is not None else now
+    if session.metered_through > observed_end:
+        problems.append(
+            f"{where}: charged through {session.metered_through}, past its observed end {observed_end}"
+        )
+    return problems

@@ -1,0 +1,101 @@
+"""Exact money: integer micro-units of the currency, never float.
+
+1 CNY = 1_000_000 micros. Prices are per hour; time is whole seconds. A session's charge
+for the window [a, b) telescopes from its ready time t0 so that rounding never drifts:
+charge(a, b) = floor(rate * (b - t0) / 3600) - floor(rate * (a - t0) / 3600), so the sum of
+a session's windows is floor(rate * seconds / 3600) however the windows were cut.
+"""
+
+from __future__ import annotations
+
+from decimal import ROUND_HALF_UP, Decimal, InvalidOperation
+
+MICROS = 1_000_000
+SECONDS_PER_HOUR = 3600
+CURRENCY_SYMBOLS = {"CNY": "¥", "USD": "$", "EUR": "€"}
+
+
+class AmountError(ValueError):
+    """An amount that cannot be used; the message says why."""
+
+
+def to_micros(amount: Decimal | int | str) -> int:
+    """An exact decimal amount in micros; refuses anything finer than a micro."""
+    value = Decimal(amount) if not isinstance(amount, Decimal) else amount
+    micros = value * MICROS
+    if micros != micros.to_integral_value():
+        raise AmountError(f"{amount} is finer than a micro-unit")
+    return int(micros)
+
+
+def parse_amount(
+    text: object, minor_unit: Decimal = Decimal("0.01"), maximum: Decimal | None = None
+) -> int:
+    """A user-supplied positive amount ("12.50") in micros, with a clear error otherwise."""
+    if isinstance(text, bool) or not isinstance(text, (str, int, Decimal)):
+        raise AmountError(f"amount must be a number like 12.50, got {text!r}")
+    try:
+        value = Decimal(str(text).strip())
+    except InvalidOperation:
+        raise AmountError(f"amount must be a number like 12.50, got {text!r}") from None
+    if not value.is_finite():
+        raise AmountError(f"amount must be finite, got {text!r}")
+    if value <= 0:
+        raise AmountError(f"amount must be positive, got {text!r}")
+    if maximum is not None and value >= maximum:
+        raise AmountError(f"amount must be below {maximum}, got {text!r}")
+    try:
+        exact = value == value.quantize(minor_unit)
+    except InvalidOperation:
+        exact = False
+    if not exact:
+        raise AmountError(
+            f"amount has more decimals than the currency allows ({minor_unit}): {text!r}"
+        )
+    return to_micros(value)
+
+
+def from_micros(micros: int) -> Decimal:
+    return Decimal(micros) / MICROS
+
+
+def format_money(micros: int, currency: str = "CNY", symbol: bool = True) -> str:
+    """Two decimals, rounded half up for display only: ¥7.12 or 7.12 CNY."""
+    value = from_micros(micros).quantize(Decimal("0.01"), rounding=ROUND_HALF_UP)
+    if symbol and currency in CURRENCY_SYMBOLS:
+        sign = "-" if value < 0 else ""
+        return f"{sign}{CURRENCY_SYMBOLS[currency]}{abs(value)}"
+    return f"{value} {currency}"
+
+
+def accrued(rate_micros_per_hour: int, seconds: int) -> int:
+    """What `seconds` of running at the rate cost, rounded down to the micro."""
+    if seconds < 0:
+        raise ValueError("negative duration")
+    return rate_micros_per_hour * seconds // SECONDS_PER_HOUR
+
+
+def window_charge(rate_micros_per_hour: int, origin: int, start: int, end: int) -> int:
+    """The charge for [start, end) of a session that became ready at `origin` (seconds)."""
+    if not origin <= start <= end:
+        raise ValueError(f"window [{start}, {end}) does not follow origin {origin}")
+    return accrued(rate_micros_per_hour, end - origin) - accrued(
+        rate_micros_per_hour, start - origin
+    )
+
+
+def seconds_covered(balance_micros: int, rate_micros_per_hour: int) -> int | None:
+    """Whole seconds the balance pays for at the rate; None for a free rate."""
+    if rate_micros_per_hour <= 0:
+        return None
+    return max(0, balance_micros) * SECONDS_PER_HOUR // rate_micros_per_hour
+
+
+def format_duration(seconds: int) -> str:
+    """1 h 34 min, 12 min, 45 s."""
+    if seconds >= 3600:
+        hours, rest = divmod(seconds, 3600)
+        return f"{hours} h {rest // 60} min" if rest >= 60 else f"{hours} h"
+    if seconds >= 60:
+        return f"{seconds // 60} min"
+    return f"{seconds} s"

@@ -1,0 +1,115 @@
+"""The ledger's tables: wallets, append-only entries, sessions, passes, notifications, prices.
+
+Money columns are integer micro-units (BigInteger); times are integer UTC epoch seconds.
+Schema changes go through alembic (billing_hooks/migrations); never edit a released one.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import BigInteger, ForeignKey, Index, Integer, String, Text, UniqueConstraint
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+ENTRY_KINDS = ("trial", "grant", "topup", "charge", "pass", "refund", "adjustment")
+OWNER_KINDS = ("user", "group", "course")
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+class Wallet(Base):
+    """An account holding credit. Owned by a user now; by a group or a course later."""
+
+    __tablename__ = "wallets"
+    __table_args__ = (UniqueConstraint("owner_kind", "owner_name"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    owner_kind: Mapped[str] = mapped_column(String(16))
+    owner_name: Mapped[str] = mapped_column(String(255))
+    currency: Mapped[str] = mapped_column(String(3))
+    #: cached sum of this wallet's entries, updated in the same transaction as each entry
+    balance_micros: Mapped[int] = mapped_column(BigInteger, default=0)
+    created_at: Mapped[int] = mapped_column(BigInteger)
+
+
+class Entry(Base):
+    """One movement of credit. Append-only: a mistake is fixed by a correcting entry."""
+
+    __tablename__ = "entries"
+    __table_args__ = (Index("ix_entries_wallet_id", "wallet_id", "id"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    wallet_id: Mapped[int] = mapped_column(ForeignKey("wallets.id"))
+    kind: Mapped[str] = mapped_column(String(16))
+    #: signed: credits positive, charges negative
+    amount_micros: Mapped[int] = mapped_column(BigInteger)
+    balance_after_micros: Mapped[int] = mapped_column(BigInteger)
+    #: deterministic idempotency key, e.g. "charge:17:1700000000-1700000060"
+    key: Mapped[str] = mapped_column(String(200), unique=True)
+    session_id: Mapped[int | None] = mapped_column(ForeignKey("sessions.id"), nullable=True)
+    window_start: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    window_end: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    note: Mapped[str] = mapped_column(Text, default="")
+    created_at: Mapped[int] = mapped_column(BigInteger)
+
+
+class MeteredSession(Base):
+    """One run of one server, from spawn to stop, with the rate captured at start."""
+
+    __tablename__ = "sessions"
+    __table_args__ = (Index("ix_sessions_open", "stopped_at", "user_name"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    wallet_id: Mapped[int] = mapped_column(ForeignKey("wallets.id"))
+    user_name: Mapped[str] = mapped_column(String(255))
+    server_name: Mapped[str] = mapped_column(String(255), default="")
+    profile: Mapped[str] = mapped_column(String(32))
+    gpus: Mapped[int] = mapped_column(Integer, default=0)
+    rate_micros_per_hour: Mapped[int] = mapped_column(BigInteger)
+    started_at: Mapped[int] = mapped_column(BigInteger)
+    ready_at: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    stopped_at: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    #: charged up to here (exclusive); advanced only together with a charge entry
+    metered_through: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    last_seen_running: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    pass_id: Mapped[int | None] = mapped_column(ForeignKey("passes.id"), nullable=True)
+
+
+class Pass(Base):
+    """A daily, weekly or monthly purchase covering one GPU type × count."""
+
+    __tablename__ = "passes"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    wallet_id: Mapped[int] = mapped_column(ForeignKey("wallets.id"))
+    profile: Mapped[str] = mapped_column(String(32))
+    gpus: Mapped[int] = mapped_column(Integer)
+    period: Mapped[str] = mapped_column(String(16))
+    price_micros: Mapped[int] = mapped_column(BigInteger)
+    starts_at: Mapped[int] = mapped_column(BigInteger)
+    ends_at: Mapped[int] = mapped_column(BigInteger)
+
+
+class Notification(Base):
+    """A message for a user (credit warnings, stops); shown inside JupyterLab."""
+
+    __tablename__ = "notifications"
+    __table_args__ = (UniqueConstraint("key"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    user_name: Mapped[str] = mapped_column(String(255))
+    key: Mapped[str] = mapped_column(String(200))
+    kind: Mapped[str] = mapped_column(String(32))
+    message: Mapped[str] = mapped_column(Text)
+    created_at: Mapped[int] = mapped_column(BigInteger)
+    read_at: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+
+
+class Price(Base):
+    """An admin's price override for a profile (per GPU-hour; per hour for debug)."""
+
+    __tablename__ = "prices"
+
+    profile: Mapped[str] = mapped_column(String(32), primary_key=True)
+    micros_per_hour: Mapped[int] = mapped_column(BigInteger)
+    updated_at: Mapped[int] = mapped_column(BigInteger)

@@ -1,0 +1,31 @@
+"""Helpers for billing tests: a fresh ledger on a throwaway SQLite database."""
+
+from __future__ import annotations
+
+from sqlalchemy import create_engine, event
+from sqlalchemy.pool import StaticPool
+
+from billing_hooks.clock import FakeClock
+from billing_hooks.ledger import Ledger
+from billing_hooks.orm import Base
+
+
+def memory_engine():
+    """One shared in-memory SQLite connection with the ledger schema (fast, for many seeds)."""
+    engine = create_engine(
+        "sqlite://",
+        connect_args={"check_same_thread": False, "isolation_level": None},
+        poolclass=StaticPool,
+    )
+
+    @event.listens_for(engine, "begin")
+    def _begin(conn):
+        conn.exec_driver_sql("BEGIN IMMEDIATE")
+
+    Base.metadata.create_all(engine)
+    return engine
+
+
+def make_ledger(**kwargs) -> tuple[Ledger, FakeClock]:
+    clock = kwargs.pop("clock", None) or FakeClock()
+    return Ledger(kwargs.pop("engine", None) or memory_engine(), clock=clock, **kwargs), clock

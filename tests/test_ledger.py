@@ -1,0 +1,151 @@
+"""The ledger: trial credit once, idempotent entries, authorized sessions, exact windows, audit."""
+
+import threading
+
+import pytest
+from sqlalchemy import text
+
+from billing_hooks.clock import FakeClock
+from billing_hooks.db import SchemaMismatch, connect, current_revision, head_revision
+from billing_hooks.ledger import ConcurrentUpdate, InsufficientCredit, KeyConflict, Ledger
+from billing_hooks.money import MICROS, accrued, to_micros
+
+from .billing_support import make_ledger
+
+A800 = to_micros("4.50")
+
+
+def test_trial_credit_exactly_once():
+    ledger, _ = make_ledger()
+    assert ledger.ensure_user("ann") == 10 * MICROS
+    assert ledger.ensure_user("ann") == 10 * MICROS
+    assert ledger.balance("ann") == 10 * MICROS
+    assert ledger.balance("nobody") is None
+    assert ledger.audit() == []
+
+
+def test_grants_are_idempotent_by_key_and_conflicts_are_loud():
+    ledger, _ = make_ledger()
+    ledger.grant("bo", 5 * MICROS, key="grant:req-1", note="top-up")
+    ledger.grant("bo", 5 * MICROS, key="grant:req-1", note="retry")
+    assert ledger.balance("bo") == 15 * MICROS
+    with pytest.raises(KeyConflict):
+        ledger.grant("bo", 6 * MICROS, key="grant:req-1")
+    assert ledger.balance("bo") == 15 * MICROS
+
+
+def test_spawn_is_refused_without_minimum_minutes_and_says_what_to_do():
+    ledger, _ = make_ledger(trial_credit_micros=to_micros("0.50"))
+    with pytest.raises(InsufficientCredit) as e:
+        ledger.open_session("cy", "", "a800", 1, A800, min_seconds=600, label="1 × A800")
+    message = str(e.value)
+    assert "Your balance is ¥0.50" in message and "¥4.50/h" in message
+    assert "10 minutes" in message and "Top up, or choose debug mode" in message
+    assert ledger.open_sessions() == []
+    # debug mode fits
+    ledger.open_session("cy", "", "debug", 0, to_micros("0.10"), min_seconds=600)
+
+
+def test_concurrent_spawns_cannot_together_overspend():
+    ledger, _ = make_ledger(trial_credit_micros=to_micros("1.00"))
+    ledger.open_session("di", "", "a800", 1, A800, min_seconds=600)  # needs 0.75
+    with pytest.raises(InsufficientCredit, match="with your running servers"):
+        ledger.open_session("di", "gpu2", "a800", 1, A800, min_seconds=600)  # 1.50 > 1.00
+
+
+def test_charges_from_ready_to_stop_per_second_and_exactly():
+    ledger, clock = make_ledger()
+    auth = ledger.open_session("ed", "", "a800", 2, 2 * A800, min_seconds=600)
+    clock.advance(30)  # spawning is free
+    ledger.mark_ready(auth.session_id)
+    ready = clock.now
+    clock.advance(61)
+    first = ledger.charge(auth.session_id, clock.now)
+    assert first.amount_micros == -accrued(2 * A800, 61)
+    assert ledger.charge(auth.session_id, clock.now) is None  # a duplicate tick charges nothing
+    clock.advance(3600)
+    ledger.charge(auth.session_id, clock.now)
+    clock.advance(17)
+    ledger.close_session(auth.session_id)
+    total = 10 * MICROS - ledger.balance("ed")
+    assert total == accrued(2 * A800, clock.now - ready) == 9 * MICROS * 3678 // 3600
+    assert ledger.audit() == []
+
+
+def test_a_failed_spawn_costs_nothing():
+    ledger, clock = make_ledger()
+    auth = ledger.open_session("fi", "", "a800", 1, A800, min_seconds=600)
+    clock.advance(300)
+    assert ledger.close_session(auth.session_id) is None
+    assert ledger.balance("fi") == 10 * MICROS
+    assert ledger.open_sessions() == []
+
+
+def test_two_meters_racing_on_one_database_double_nothing(tmp_path):
+    url = f"sqlite:///{tmp_path}/ledger.sqlite"
+    clock = FakeClock()
+    meters = [Ledger(connect(url), clock=clock) for _ in range(2)]
+    sessions = []
+    for user in ("ja", "ki", "lu"):
+        auth = meters[0].open_session(user, "", "a800", 1, A800, min_seconds=60)
+        meters[0].mark_ready(auth.session_id)
+        sessions.append(auth.session_id)
+    ready = clock.now
+    errors = []
+
+    def run(meter):
+        for tick in range(1, 41):
+            for session_id in sessions:
+                try:
+                    meter.charge(session_id, ready + tick * 7)
+                except ConcurrentUpdate:
+                    pass
+                except Exception as e:  # noqa: BLE001 - anything else fails the test
+                    errors.append(e)
+
+    threads = [threading.Thread(target=run, args=(m,)) for m in meters]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    clock.advance(280)
+    assert errors == []
+    assert meters[0].audit() == []
+    for user in ("ja", "ki", "lu"):
+        assert meters[1].balance(user) == 10 * MICROS - accrued(A800, 280)
+
+
+def test_audit_finds_tampering():
+    ledger, clock = make_ledger()
+    auth = ledger.open_session("hu", "", "a800", 1, A800, min_seconds=60)
+    ledger.mark_ready(auth.session_id)
+    clock.advance(120)
+    ledger.charge(auth.session_id, clock.now)
+    clock.advance(120)
+    ledger.charge(auth.session_id, clock.now)
+    assert ledger.audit() == []
+    with ledger.begin() as db:
+        db.execute(text("UPDATE wallets SET balance_micros = balance_micros + 1"))
+    assert any("cached balance" in p for p in ledger.audit())
+    with ledger.begin() as db:
+        db.execute(text("UPDATE wallets SET balance_micros = balance_micros - 1"))
+        db.execute(
+            text(
+                "UPDATE entries SET window_start = window_start + 5 WHERE kind = 'charge' AND id = (SELECT max(id) FROM entries)"
+            )
+        )
+    problems = ledger.audit()
+    assert any("gapped window" in p for p in problems), problems
+    with ledger.begin() as db:
+        db.execute(text("UPDATE sessions SET metered_through = 4000000000"))
+    assert any("past its observed end" in p for p in ledger.audit())
+
+
+def test_migrations_create_the_schema_and_mismatch_is_refused(tmp_path):
+    url = f"sqlite:///{tmp_path}/ledger.sqlite"
+    engine = connect(url)
+    assert current_revision(engine) == head_revision()
+    with engine.begin() as conn:
+        conn.execute(text("UPDATE alembic_version SET version_num = 'f00'"))
+    with pytest.raises(SchemaMismatch, match="meterhub billing upgrade-db"):
+        connect(url)
