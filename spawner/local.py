@@ -461,6 +461,11 @@ class LocalGPUSpawner(LocalProcessSpawner):
             return None
         status = self.proc.returncode if self.proc is not None else 0
         self.clear_state()
+        # JupyterHub does not call stop() for a server it finds dead: release its GPUs here
+        released = await asyncio.to_thread(self.allocator.release, self.owner_key)
+        if released:
+            self.log.info("Released GPUs %s of %s, which exited", released, self._log_name)
+        self.gpu_indices = []
         return status if status is not None else 0
 
     async def stop(self, now=False):

@@ -264,3 +264,18 @@ def test_a_server_that_dies_at_start_fails_clearly_and_frees_its_gpus(hub_factor
     server = broken.spawn("zoe", {"profile": "a800", "gpus": "1"})  # its GPU was released
     assert server["state"]["gpu_indices"] == [0]
     broken.teardown()
+
+
+def test_a_server_that_dies_releases_its_gpus(hub):
+    import signal as signals
+
+    server = hub.spawn("wes", {"profile": "a800", "gpus": "2"})
+    os.killpg(server["state"]["pid"], signals.SIGKILL)  # OOM killer, a crash, `kill -9`
+    # JupyterHub notices on its next poll (or here, the stop request) without calling stop()
+    r = hub.api("DELETE", "/users/wes/server")
+    assert r.status_code in (202, 204)
+    until(lambda: hub.server("wes") is None, "wes's dead server to be cleaned up")
+    assert _free_gpus(hub) == 3
+    server = hub.spawn("xia", {"profile": "a800", "gpus": "2"})
+    assert server["state"]["gpu_indices"] == [0, 1]
+    hub.stop_server("xia")
