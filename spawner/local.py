@@ -59,6 +59,26 @@ def environment_paths(prefix: str) -> list[str]:
     return paths
 
 
+def group_has_live_members(pgid: int) -> bool:
+    """Whether a process group still has a process that is not a zombie.
+
+    After a hub restart a server's processes are no longer our children; when they die
+    they can stay zombies for a while (or, under an init that does not reap, for good),
+    and signalling the group still succeeds. Only a live member means a running server.
+    """
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[2]) == pgid and fields[0] not in ("Z", "X"):
+            return True
+    return False
+
+
 def disk_dirname(username: str) -> str:
     """A user's disk folder name: stable, filesystem-safe and collision-free."""
     return escape(username, safe=SAFE_NAME_CHARS, escape_char="-")
@@ -457,7 +477,7 @@ class LocalGPUSpawner(LocalProcessSpawner):
         if not self.pid:
             self.clear_state()
             return 0
-        if await self._signal(0):
+        if await self._signal(0) and await asyncio.to_thread(group_has_live_members, self.pid):
             return None
         status = self.proc.returncode if self.proc is not None else 0
         self.clear_state()

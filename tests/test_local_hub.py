@@ -8,6 +8,8 @@ import os
 import pytest
 import requests
 
+from spawner.local import group_has_live_members
+
 from .hubprocess import ADMIN_TOKEN, until
 from .jupyter import KernelError, execute
 
@@ -270,7 +272,9 @@ def test_a_server_that_dies_releases_its_gpus(hub):
     import signal as signals
 
     server = hub.spawn("wes", {"profile": "a800", "gpus": "2"})
-    os.killpg(server["state"]["pid"], signals.SIGKILL)  # OOM killer, a crash, `kill -9`
+    pid = server["state"]["pid"]
+    os.killpg(pid, signals.SIGKILL)  # OOM killer, a crash, `kill -9`
+    until(lambda: not group_has_live_members(pid), "the sandbox to die")
     # JupyterHub notices on its next poll (or here, the stop request) without calling stop()
     r = hub.api("DELETE", "/users/wes/server")
     assert r.status_code in (202, 204)
