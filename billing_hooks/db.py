@@ -70,6 +70,8 @@ def upgrade(db_url: str) -> None:
 
 def connect(db_url: str, create: bool = True, config_hint: str = "") -> Engine:
     """An engine for an up-to-date ledger; a new empty database is created at head."""
+    if db_url.startswith("sqlite:///"):
+        os.makedirs(os.path.dirname(os.path.abspath(db_url[len("sqlite:///") :])), exist_ok=True)
     engine = make_engine(db_url)
     current = current_revision(engine)
     head = head_revision()

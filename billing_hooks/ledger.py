@@ -186,6 +186,9 @@ class Ledger:
         now = self.clock()
         with self.begin() as db:
             wallet = self._ensure_wallet(db, user)
+            # a session left open for this server (the hub died mid-spawn) cannot be running
+            for stale in list(db.scalars(_open_sessions_of(user, server_name))):
+                self._close(db, stale, stale.last_seen_running or stale.started_at)
             open_rates = db.scalars(
                 select(MeteredSession.rate_micros_per_hour).where(
                     MeteredSession.wallet_id == wallet.id, MeteredSession.stopped_at.is_(None)
@@ -245,36 +248,46 @@ class Ledger:
             session = db.get(
                 MeteredSession, session_id, with_for_update=True, populate_existing=True
             )
-            if session is None or session.ready_at is None:
+            if session is None:
                 return None
-            self.fault("session-read")
-            end = until if session.stopped_at is None else min(until, session.stopped_at)
-            start = session.metered_through
-            if end <= start:
-                return None
-            amount = -window_charge(session.rate_micros_per_hour, session.ready_at, start, end)
-            moved = db.execute(
-                update(MeteredSession)
-                .where(MeteredSession.id == session_id, MeteredSession.metered_through == start)
-                .values(metered_through=end)
-            )
-            if moved.rowcount != 1:
-                raise ConcurrentUpdate(f"session {session_id} was metered by someone else")
-            self.fault("metered-through-advanced")
-            wallet = db.get(Wallet, session.wallet_id, populate_existing=True)
-            return self._post(
-                db,
-                wallet,
-                "charge",
-                amount,
-                f"charge:{session_id}:{start}-{end}",
-                session_id=session_id,
-                window_start=start,
-                window_end=end,
-            )
+            return self._charge(db, session, until)
+
+    def _charge(self, db: Session, session: MeteredSession, until: int) -> Entry | None:
+        if session.ready_at is None:
+            return None
+        self.fault("session-read")
+        end = until if session.stopped_at is None else min(until, session.stopped_at)
+        start = session.metered_through
+        if end <= start:
+            return None
+        amount = -window_charge(session.rate_micros_per_hour, session.ready_at, start, end)
+        moved = db.execute(
+            update(MeteredSession)
+            .where(MeteredSession.id == session.id, MeteredSession.metered_through == start)
+            .values(metered_through=end)
+            .execution_options(synchronize_session=False)
+        )
+        if moved.rowcount != 1:
+            raise ConcurrentUpdate(f"session {session.id} was metered by someone else")
+        session.metered_through = end
+        self.fault("metered-through-advanced")
+        wallet = db.get(Wallet, session.wallet_id, populate_existing=True)
+        return self._post(
+            db,
+            wallet,
+            "charge",
+            amount,
+            f"charge:{session.id}:{start}-{end}",
+            session_id=session.id,
+            window_start=start,
+            window_end=end,
+        )
 
     def close_session(self, session_id: int, at: int | None = None) -> Entry | None:
-        """Stop the clock at `at` (a failed spawn that never got ready costs nothing)."""
+        """Stop the clock at `at` and charge the last window, in one transaction.
+
+        A failed spawn that never got ready costs nothing.
+        """
         at = self.clock() if at is None else at
         with self.begin() as db:
             session = db.get(
@@ -282,10 +295,23 @@ class Ledger:
             )
             if session is None or session.stopped_at is not None:
                 return None
-            if session.ready_at is not None:
-                at = max(at, session.metered_through)
-            session.stopped_at = at
-        return self.charge(session_id, at)
+            return self._close(db, session, at)
+
+    def close_server(self, user: str, server_name: str, at: int | None = None) -> list[int]:
+        """Close every open session of one server (the hub's post-stop hook)."""
+        at = self.clock() if at is None else at
+        with self.begin() as db:
+            sessions = list(db.scalars(_open_sessions_of(user, server_name)))
+            for session in sessions:
+                self._close(db, session, at)
+            return [session.id for session in sessions]
+
+    def _close(self, db: Session, session: MeteredSession, at: int) -> Entry | None:
+        if session.ready_at is not None:
+            at = max(at, session.metered_through)
+        session.stopped_at = at
+        db.flush()
+        return self._charge(db, session, at)
 
     def open_sessions(self) -> list[MeteredSession]:
         with self.begin() as db:
@@ -324,6 +350,14 @@ class Ledger:
             for session in db.scalars(select(MeteredSession)):
                 problems += _audit_session(session, charges.get(session.id, []), now)
         return problems
+
+
+def _open_sessions_of(user: str, server_name: str):
+    return select(MeteredSession).where(
+        MeteredSession.user_name == user,
+        MeteredSession.server_name == server_name,
+        MeteredSession.stopped_at.is_(None),
+    )
 
 
 def _audit_session(session: MeteredSession, entries: list[Entry], now: int) -> list[str]:

@@ -12,9 +12,12 @@ import secrets
 import shutil
 import sys
 
+from jupyterhub import orm
 from jupyterhub.app import JupyterHub
+from sqlalchemy import event
 from traitlets.config import Config
 
+from billing_hooks.settings import BillingSettings
 from spawner.local import LocalGPUSpawner
 from spawner.sandbox import bwrap_works
 
@@ -30,6 +33,21 @@ class MeterHub(JupyterHub):
 
     def load_config_file(self, *args, **kwargs):
         """The site config is the only source of configuration; ignore jupyterhub_config.py."""
+
+    def init_db(self):
+        super().init_db()
+        # Trial credit at account creation, however the account is made (sign-in, admin
+        # API): the ledger's key makes it exactly once per name, even if created twice.
+        self._billing = BillingSettings(parent=self).ledger()
+        event.listen(orm.User, "after_insert", self._user_created)
+
+    def _user_created(self, _mapper, _connection, user):
+        task = asyncio.ensure_future(asyncio.to_thread(self._billing.ensure_user, user.name))
+        task.add_done_callback(self._log_trial_failure)
+
+    def _log_trial_failure(self, task):
+        if not task.cancelled() and task.exception():
+            self.log.error("Could not open a wallet with trial credit: %s", task.exception())
 
     async def init_spawners(self):
         result = await super().init_spawners()

@@ -5,6 +5,11 @@ from __future__ import annotations
 import argparse
 import sys
 
+from sqlalchemy.exc import DBAPIError
+
+from billing_hooks.db import SchemaMismatch
+
+from .billing_cli import CliError
 from .config import ConfigError
 
 
@@ -26,6 +31,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--ip", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     serve.add_argument("--port", type=int, default=8000, help="port to listen on (default 8000)")
     serve.set_defaults(func=_serve)
+    from .billing_cli import add_commands
+
+    add_commands(commands)
     return parser
 
 
@@ -33,9 +41,12 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
-    except ConfigError as e:
+    except (ConfigError, CliError, SchemaMismatch) as e:
         print(f"meterhub: {e}", file=sys.stderr)
         return 2
+    except DBAPIError as e:
+        print(f"meterhub: the billing database did not answer: {e.orig}", file=sys.stderr)
+        return 3
 
 
 if __name__ == "__main__":

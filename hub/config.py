@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import copy
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
-import jsonschema
 import yaml
 from traitlets.config import Config
 
+from billing_hooks import hooks
 from spawner.catalog import parse_price
 
 HERE = Path(__file__).parent
@@ -32,6 +33,11 @@ def _path(parts) -> str:
 
 def validation_errors(site: Any) -> list[str]:
     """Readable messages, one per problem, each naming the key it concerns."""
+    # jsonschema imports every optional format checker it can find; rfc3987_syntax alone
+    # spends ~2.5 s compiling a grammar, on every CLI call. The site schema uses no formats.
+    sys.modules.setdefault("rfc3987_syntax", None)
+    import jsonschema
+
     messages = []
     validator = jsonschema.Draft7Validator(SCHEMA)
     for error in sorted(validator.iter_errors(site), key=lambda e: list(map(str, e.path))):
@@ -95,6 +101,8 @@ def complete(site: dict, cwd: str | None = None) -> dict:
     local.setdefault("uid_base", 200000)
     local.setdefault("disk_mount_path", "/home/jovyan")
     site.setdefault("profiles", {})
+    billing = site.setdefault("billing", {})
+    billing.setdefault("db_url", "sqlite:///" + os.path.join(site["data_dir"], "billing.sqlite"))
     ports = site.setdefault("hub", {})
     ports.setdefault("api_port", 8081)
     ports.setdefault("proxy_api_port", 8001)
@@ -130,6 +138,17 @@ def apply_config(site: dict, c: Config) -> Config:
     c.LocalGPUSpawner.sandbox = site["local"]["sandbox"]
     c.LocalGPUSpawner.uid_base = site["local"]["uid_base"]
     c.LocalGPUSpawner.disk_mount_path = site["local"]["disk_mount_path"]
+
+    billing = site["billing"]
+    c.BillingSettings.db_url = billing["db_url"]
+    for key in ("currency", "meter_interval_seconds", "min_minutes_to_start", "warn_minutes"):
+        if key in billing:
+            setattr(c.BillingSettings, key, billing[key])
+    for key in ("trial_credit", "overdraft", "max_grant"):
+        if key in billing:
+            setattr(c.BillingSettings, key, str(billing[key]))
+    c.Spawner.pre_spawn_hook = hooks.authorize_spawn
+    c.Spawner.post_stop_hook = hooks.settle_stop
 
     c.Catalog.prices = {
         slug: str(parse_price(profile["price_per_hour"], f"profiles.{slug}.price_per_hour"))

@@ -36,9 +36,15 @@ local:
 """
 
 
+def _resolve(schema: dict) -> dict:
+    if "$ref" in schema:
+        return SCHEMA["definitions"][schema["$ref"].split("/")[-1]]
+    return schema
+
+
 def _type(schema: dict) -> str:
     if "$ref" in schema:
-        return "object"
+        return _type(_resolve(schema))
     if "enum" in schema:
         return " \\| ".join(f"`{json.dumps(v)}`" for v in schema["enum"])
     if "oneOf" in schema:
@@ -50,12 +56,11 @@ def _type(schema: dict) -> str:
 
 
 def _rows(schema: dict, prefix: str = ""):
-    definitions = SCHEMA.get("definitions", {})
     for key, sub in schema.get("properties", {}).items():
         name = f"{prefix}{key}"
-        resolved = definitions[sub["$ref"].split("/")[-1]] if "$ref" in sub else sub
+        resolved = _resolve(sub)
         default = f"`{json.dumps(sub['default'])}`" if "default" in sub else ""
-        description = " ".join(resolved.get("description", sub.get("description", "")).split())
+        description = " ".join(sub.get("description", resolved.get("description", "")).split())
         yield f"| `{name}` | {_type(sub)} | {default} | {description} |"
         if resolved.get("type") == "object" and "properties" in resolved:
             yield from _rows(resolved, f"{name}.")

@@ -1,0 +1,88 @@
+"""Hooks the hub runs around each server: authorize and open a session, note ready, settle.
+
+`authorize_spawn` is the Spawner's pre_spawn_hook: it prices the choice from the catalog,
+refuses (HTTP 402, saying the balance, the rate and what to do) unless the wallet covers
+the minimum minutes, and opens the metered session with the rate captured now.
+`settle_stop` is the post_stop_hook: it closes the session and charges its last window.
+Ledger I/O runs in threads; the hub's event loop never waits on the database.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from sqlalchemy.exc import DBAPIError
+from tornado import web
+
+from spawner.catalog import Catalog, InvalidChoice
+
+from .ledger import InsufficientCredit
+from .money import to_micros
+from .settings import BillingSettings
+
+BILLING_DOWN = (
+    "Billing is unavailable right now (its database does not answer), so no new server can"
+    " start. Running servers are not affected. Try again in a minute."
+)
+
+
+def _settings(spawner) -> BillingSettings:
+    return BillingSettings(config=spawner.config)
+
+
+async def authorize_spawn(spawner) -> None:
+    try:
+        choice = Catalog(config=spawner.config).parse(spawner.user_options)
+    except InvalidChoice as e:
+        raise web.HTTPError(400, str(e), reason="Invalid profile") from None
+    settings = _settings(spawner)
+    try:
+        ledger = settings.ledger()
+        auth = await asyncio.to_thread(
+            ledger.open_session,
+            spawner.user.name,
+            spawner.name,
+            choice.profile.slug,
+            choice.gpus,
+            to_micros(choice.rate_per_hour),
+            settings.min_seconds_to_start,
+            choice.label,
+        )
+    except InsufficientCredit as e:
+        raise web.HTTPError(402, str(e), reason="Not enough credit") from None
+    except DBAPIError:
+        spawner.log.exception("Ledger database error while authorizing %s", spawner._log_name)
+        raise web.HTTPError(503, BILLING_DOWN, reason="Billing unavailable") from None
+    spawner.log.info(
+        "Billing session %s for %s: %s at %s/h",
+        auth.session_id,
+        spawner._log_name,
+        choice.label,
+        choice.rate_per_hour,
+    )
+    asyncio.ensure_future(_record_ready(spawner, ledger, auth.session_id))
+
+
+async def _record_ready(spawner, ledger, session_id: int) -> None:
+    """Charging starts when the server answers; a spawn that fails never becomes ready."""
+    deadline = time.monotonic() + spawner.start_timeout + spawner.http_timeout + 60
+    while time.monotonic() < deadline:
+        if spawner.ready:
+            await asyncio.to_thread(ledger.mark_ready, session_id)
+            return
+        if not spawner.pending:
+            return
+        await asyncio.sleep(0.2)
+
+
+async def settle_stop(spawner) -> None:
+    try:
+        ledger = _settings(spawner).ledger()
+        closed = await asyncio.to_thread(ledger.close_server, spawner.user.name, spawner.name)
+    except DBAPIError:
+        # the meter closes it once the database is back (the server is gone from the hub)
+        spawner.log.exception("Ledger database error settling %s", spawner._log_name)
+        return
+    if closed:
+        spawner.log.info("Settled billing sessions %s of %s", closed, spawner._log_name)

@@ -1,0 +1,59 @@
+"""Billing settings (traitlets), shared by the hub's hooks, the meter service and the CLI."""
+
+from __future__ import annotations
+
+import functools
+from decimal import Decimal
+
+from traitlets import Int, List, Unicode
+from traitlets.config import LoggingConfigurable
+
+from .db import connect
+from .ledger import Ledger
+from .money import to_micros
+
+
+class BillingSettings(LoggingConfigurable):
+    db_url = Unicode(
+        "sqlite:///meterhub-data/billing.sqlite",
+        help="SQLAlchemy URL of the ledger database (SQLite or postgresql://, psycopg 3).",
+    ).tag(config=True)
+    currency = Unicode("CNY", help="ISO 4217 code of the site currency.").tag(config=True)
+    trial_credit = Unicode(
+        "10.00", help="Credit (an amount string) every new user account gets exactly once."
+    ).tag(config=True)
+    meter_interval_seconds = Int(
+        60,
+        min=1,
+        help="""
+        Seconds between meter passes. The worst overshoot past zero credit is
+        rate × (this interval + the stop latency).
+        """,
+    ).tag(config=True)
+    min_minutes_to_start = Int(
+        10, min=0, help="A spawn needs credit for this many minutes at its rate."
+    ).tag(config=True)
+    warn_minutes = List(Int(), [30, 10, 2], help="Minutes left at which users are warned.").tag(
+        config=True
+    )
+    overdraft = Unicode("0", help="How far below zero a wallet may go (an amount string).").tag(
+        config=True
+    )
+    max_grant = Unicode("100000", help="Grants must be below this amount.").tag(config=True)
+
+    @property
+    def min_seconds_to_start(self) -> int:
+        return self.min_minutes_to_start * 60
+
+    def ledger(self) -> Ledger:
+        return Ledger(
+            _engine(self.db_url),
+            currency=self.currency,
+            trial_credit_micros=to_micros(Decimal(self.trial_credit)),
+            overdraft_micros=to_micros(Decimal(self.overdraft)),
+        )
+
+
+@functools.cache
+def _engine(db_url: str):
+    return connect(db_url)

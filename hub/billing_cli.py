@@ -1,0 +1,183 @@
+"""`meterhub credit|usage|billing …`: the operator's view of the ledger, through the same code as the API."""
+
+from __future__ import annotations
+
+import csv
+import sys
+import uuid
+from decimal import Decimal
+
+from sqlalchemy import create_engine, select, text
+from traitlets.config import Config
+
+from billing_hooks.money import AmountError, format_duration, format_money, parse_amount
+from billing_hooks.orm import Entry, MeteredSession, Wallet
+from billing_hooks.settings import BillingSettings
+
+from .config import ConfigError, apply_config, load_site_config
+
+
+class CliError(Exception):
+    """A readable one-line refusal; nothing was written."""
+
+
+def _load(args) -> tuple[Config, BillingSettings]:
+    site = load_site_config(args.config)
+    c = apply_config(site, Config())
+    return c, BillingSettings(config=c)
+
+
+def _require_user(c: Config, name: str) -> None:
+    engine = create_engine(c.JupyterHub.db_url)
+    try:
+        with engine.connect() as conn:
+            found = conn.execute(text("SELECT 1 FROM users WHERE name = :n"), {"n": name}).first()
+    except Exception:
+        found = None
+    finally:
+        engine.dispose()
+    if not found:
+        raise CliError(f"unknown user {name!r}: create the account first")
+
+
+def credit_grant(args) -> int:
+    c, settings = _load(args)
+    try:
+        micros = parse_amount(args.amount, maximum=Decimal(settings.max_grant))
+    except AmountError as e:
+        raise CliError(str(e)) from None
+    _require_user(c, args.user)
+    ledger = settings.ledger()
+    entry = ledger.grant(args.user, micros, key=f"grant:cli:{uuid.uuid4()}", note=args.note or "")
+    print(
+        f"granted {format_money(micros, settings.currency, symbol=False)} to {args.user};"
+        f" balance {format_money(entry.balance_after_micros, settings.currency, symbol=False)}"
+    )
+    return 0
+
+
+def credit_show(args) -> int:
+    c, settings = _load(args)
+    _require_user(c, args.user)
+    ledger = settings.ledger()
+    ledger.ensure_user(args.user)
+    with ledger.begin() as db:
+        wallet = db.scalars(
+            select(Wallet).where(Wallet.owner_kind == "user", Wallet.owner_name == args.user)
+        ).one()
+        entries = db.scalars(
+            select(Entry).where(Entry.wallet_id == wallet.id).order_by(Entry.id)
+        ).all()
+        for entry in entries:
+            print(
+                f"{entry.id:>6}  {entry.kind:<10} {format_money(entry.amount_micros, wallet.currency, symbol=False):>14}"
+                f"  {entry.note}"
+            )
+        print(f"{format_money(wallet.balance_micros, wallet.currency, symbol=False)}")
+    return 0
+
+
+def usage(args) -> int:
+    c, settings = _load(args)
+    _require_user(c, args.user)
+    ledger = settings.ledger()
+    rows = []
+    with ledger.begin() as db:
+        sessions = db.scalars(
+            select(MeteredSession)
+            .where(MeteredSession.user_name == args.user)
+            .order_by(MeteredSession.id)
+        ).all()
+        for session in sessions:
+            cost = -sum(
+                db.scalars(select(Entry.amount_micros).where(Entry.session_id == session.id)).all()
+            )
+            seconds = (session.metered_through - session.ready_at) if session.ready_at else 0
+            label = (
+                session.profile
+                if session.profile == "debug"
+                else f"{session.gpus}x{session.profile}"
+            )
+            rows.append(
+                (session.id, label, session.started_at, session.stopped_at or "", seconds, cost)
+            )
+    if args.csv:
+        out = csv.writer(sys.stdout)
+        out.writerow(
+            [
+                "session",
+                "profile",
+                "started_at",
+                "stopped_at",
+                "seconds",
+                f"cost_{settings.currency}",
+            ]
+        )
+        for sid, label, started, stopped, seconds, cost in rows:
+            out.writerow(
+                [
+                    sid,
+                    label,
+                    started,
+                    stopped,
+                    seconds,
+                    format_money(cost, settings.currency, symbol=False).split()[0],
+                ]
+            )
+    else:
+        for sid, label, _started, stopped, seconds, cost in rows:
+            state = "running" if stopped == "" else "stopped"
+            print(
+                f"{sid:>6}  {label:<12} {format_duration(seconds):>12}  {format_money(cost, settings.currency, symbol=False):>12}  {state}"
+            )
+    return 0
+
+
+def audit(args) -> int:
+    _c, settings = _load(args)
+    problems = settings.ledger().audit()
+    for problem in problems:
+        print(f"VIOLATION: {problem}")
+    print("audit: ok" if not problems else f"audit: {len(problems)} violation(s)")
+    return 1 if problems else 0
+
+
+def upgrade_db(args) -> int:
+    from billing_hooks.db import upgrade
+
+    _c, settings = _load(args)
+    upgrade(settings.db_url)
+    print("billing database is at the current schema")
+    return 0
+
+
+def add_commands(commands) -> None:
+    credit = commands.add_parser("credit", help="grant or show a user's credit").add_subparsers(
+        dest="action", required=True
+    )
+    grant = credit.add_parser("grant", help="add credit to a user's wallet")
+    grant.add_argument("user")
+    grant.add_argument("amount", help="e.g. 12.50 (positive, at most two decimals)")
+    grant.add_argument("--note", default="")
+    grant.set_defaults(func=credit_grant)
+    show = credit.add_parser("show", help="a user's ledger entries; the last line is the balance")
+    show.add_argument("user")
+    show.set_defaults(func=credit_show)
+    use = commands.add_parser("usage", help="a user's sessions with profile, duration and cost")
+    use.add_argument("user")
+    use.add_argument("--csv", action="store_true")
+    use.set_defaults(func=usage)
+    billing = commands.add_parser("billing", help="ledger maintenance").add_subparsers(
+        dest="action", required=True
+    )
+    billing.add_parser(
+        "audit", help="check every ledger invariant; non-zero exit on a violation"
+    ).set_defaults(func=audit)
+    billing.add_parser(
+        "upgrade-db", help="migrate the billing database to the current schema"
+    ).set_defaults(func=upgrade_db)
+    for parser in (grant, show, use, *billing.choices.values()):
+        parser.add_argument("--config", help="site config (YAML); default: the embedded default")
+
+
+__all__ = ["CliError", "ConfigError", "add_commands"]

@@ -1,0 +1,101 @@
+"""Billing through a real hub: trial credit, refusal when broke, exact charges, the CLI."""
+
+from __future__ import annotations
+
+import csv
+import io
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from billing_hooks.money import accrued, to_micros
+
+METERHUB = str(Path(sys.executable).parent / "meterhub")
+DEBUG_RATE = to_micros("3.60")  # 0.001 per second: a few seconds show up in micros
+
+
+@pytest.fixture(scope="module")
+def billed(hub_factory):
+    return hub_factory(
+        {
+            "gpus": [{"type": "a800", "count": 2}],
+            "profiles": {"debug": {"price_per_hour": "3.60"}},
+            "billing": {"trial_credit": "1.00", "min_minutes_to_start": 10},
+        },
+        name="billed",
+    )
+
+
+def cli(hub, *args) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [METERHUB, *args, "--config", str(hub.config_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=hub.workdir,
+    )
+
+
+def test_new_account_gets_trial_credit_once(billed):
+    billed.ensure_user("tia")
+    out = cli(billed, "credit", "show", "tia")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip().splitlines()[-1] == "1.00 CNY"
+    kinds = [line.split()[1] for line in out.stdout.strip().splitlines()[:-1]]
+    assert kinds == ["trial"]  # granted by the hub when the account was created
+
+
+def test_spawn_refused_when_credit_does_not_cover_ten_minutes(billed):
+    billed.ensure_user("ray")
+    r = billed.api("POST", "/users/ray/server", json={"profile": "a800", "gpus": "2"})
+    assert r.status_code == 402, r.text
+    message = r.json()["message"]
+    assert "Your balance is ¥1.00" in message and "¥9.00/h" in message
+    assert "Top up, or choose debug mode" in message
+    assert billed.server("ray") is None
+
+
+def test_running_time_is_charged_exactly_from_ready_to_stop(billed):
+    billed.spawn("sal", {"profile": "debug"})
+    time.sleep(2)  # real run time is what is charged here
+    billed.stop_server("sal")
+    out = cli(billed, "usage", "sal", "--csv")
+    assert out.returncode == 0, out.stderr
+    (row,) = list(csv.DictReader(io.StringIO(out.stdout)))
+    seconds = int(row["seconds"])
+    assert row["profile"] == "debug" and seconds >= 2 and row["stopped_at"]
+    shown = cli(billed, "credit", "show", "sal").stdout.strip().splitlines()[-1]
+    balance_micros = to_micros(shown.split()[0])
+    exact = 1_000_000 - accrued(DEBUG_RATE, seconds)
+    assert abs(balance_micros - exact) < 5_000  # display rounds to the cent
+    assert cli(billed, "billing", "audit").returncode == 0
+
+
+BAD_GRANTS = [
+    ("0", "positive"),
+    ("-3", "positive"),
+    ("1.001", "decimals"),
+    ("abc", "number"),
+    ("100000", "below"),
+]
+
+
+def test_bad_grants_are_refused_and_write_nothing(billed):
+    billed.ensure_user("uli")
+    before = cli(billed, "credit", "show", "uli").stdout
+    for amount, why in BAD_GRANTS:
+        out = cli(billed, "credit", "grant", "uli", amount)
+        assert out.returncode == 2 and why in out.stderr and "Traceback" not in out.stderr, amount
+    assert cli(billed, "credit", "show", "uli").stdout == before
+
+
+def test_grant_and_unknown_user(billed):
+    billed.ensure_user("vi")
+    out = cli(billed, "credit", "grant", "vi", "12.50", "--note", "course lab")
+    assert out.returncode == 0, out.stderr
+    assert cli(billed, "credit", "show", "vi").stdout.strip().splitlines()[-1] == "13.50 CNY"
+    missing = cli(billed, "credit", "grant", "nobody", "5")
+    assert missing.returncode == 2 and "unknown user 'nobody'" in missing.stderr
