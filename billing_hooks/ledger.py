@@ -19,7 +19,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from .clock import utcnow
 from .money import MICROS, accrued, format_money, window_charge
-from .orm import Entry, MeteredSession, Wallet
+from .orm import Entry, MeteredSession, Notification, Wallet
 
 
 class LedgerError(Exception):
@@ -322,6 +322,27 @@ class Ledger:
                     .order_by(MeteredSession.id)
                 )
             )
+
+    # ------------------------------------------------------------------ notifications
+
+    def notify(self, user: str, key: str, kind: str, message: str) -> bool:
+        """Keep a message for the user, once per key; True if it is new."""
+        with self.begin() as db:
+            if db.scalars(select(Notification.id).where(Notification.key == key)).first():
+                return False
+            db.add(
+                Notification(
+                    user_name=user, key=key, kind=kind, message=message, created_at=self.clock()
+                )
+            )
+            return True
+
+    def notifications(self, user: str, unread_only: bool = False) -> list[Notification]:
+        query = select(Notification).where(Notification.user_name == user)
+        if unread_only:
+            query = query.where(Notification.read_at.is_(None))
+        with self.begin() as db:
+            return list(db.scalars(query.order_by(Notification.id)))
 
     # ------------------------------------------------------------------ audit
 

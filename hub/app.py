@@ -25,6 +25,7 @@ from .config import ConfigError, apply_config, demo_pool_dir
 from .demo_pool import ensure_demo_pool
 
 ADMIN_SERVICE = "meterhub-admin"
+BILLING_SERVICE = "billing"
 
 
 class MeterHub(JupyterHub):
@@ -114,7 +115,30 @@ def sandbox_warning(site: dict) -> str:
     )
 
 
-def runtime_config(site: dict, c: Config, ip: str, port: int, environ) -> dict:
+def billing_service(site: dict, config_path: str | None) -> tuple[list[dict], list[dict]]:
+    """The managed billing service and its least-privilege role: read servers, stop them."""
+    command = [sys.executable, "-m", "hub.cli", "billing", "service"]
+    if config_path:
+        command += ["--config", os.path.abspath(config_path)]
+    service = {
+        "name": BILLING_SERVICE,
+        "command": command,
+        "url": f"http://127.0.0.1:{site['hub']['billing_port']}",
+        "cwd": os.getcwd(),
+        "environment": {"PYTHONUNBUFFERED": "1"},
+    }
+    role = {
+        "name": "meterhub-billing",
+        "description": "The meter: list and read users and servers, stop servers; never start them.",
+        "scopes": ["list:users", "read:users", "read:servers", "delete:servers"],
+        "services": [BILLING_SERVICE],
+    }
+    return [service], [role]
+
+
+def runtime_config(
+    site: dict, c: Config, ip: str, port: int, environ, config_path: str | None = None
+) -> dict:
     """Add what depends on this machine and its secrets; returns facts to tell the operator."""
     data_dir = site["data_dir"]
     c.JupyterHub.ip = ip
@@ -125,12 +149,15 @@ def runtime_config(site: dict, c: Config, ip: str, port: int, environ) -> dict:
     password_file = os.path.join(data_dir, "admin-password")
     password, created = _secret_file(password_file)
     c.SharedPasswordAuthenticator.admin_password = password
+    services, roles = billing_service(site, config_path)
     token = environ.get("METERHUB_ADMIN_TOKEN")
     if token:
-        c.JupyterHub.services = [{"name": ADMIN_SERVICE, "api_token": token}]
-        c.JupyterHub.load_roles = [
+        services.append({"name": ADMIN_SERVICE, "api_token": token})
+        roles.append(
             {"name": "admin", "users": list(site["admin_users"]), "services": [ADMIN_SERVICE]}
-        ]
+        )
+    c.JupyterHub.services = services
+    c.JupyterHub.load_roles = roles
     warning = sandbox_warning(site)
     c.JupyterHub.template_vars = {"meterhub_sandbox_warning": warning}
     return {
@@ -150,11 +177,11 @@ def prepare(site: dict) -> None:
         print(f"meterhub: generated the demo pool in {demo_pool_dir(site)}", file=sys.stderr)
 
 
-def serve(site: dict, ip: str, port: int) -> None:
+def serve(site: dict, ip: str, port: int, config_path: str | None = None) -> None:
     """Run the hub in the foreground for a completed site config (see `load_site_config`)."""
     prepare(site)
     c = apply_config(site, Config())
-    facts = runtime_config(site, c, ip, port, os.environ)
+    facts = runtime_config(site, c, ip, port, os.environ, config_path)
     url = f"http://{ip}:{port}/hub/login"
     if facts["password"]:
         print(

@@ -151,6 +151,14 @@ def upgrade_db(args) -> int:
     return 0
 
 
+def service(args) -> int:
+    from billing_hooks.service import main
+
+    _c, settings = _load(args)
+    main(settings)
+    return 0
+
+
 def add_commands(commands) -> None:
     credit = commands.add_parser("credit", help="grant or show a user's credit").add_subparsers(
         dest="action", required=True
@@ -176,6 +184,9 @@ def add_commands(commands) -> None:
     billing.add_parser(
         "upgrade-db", help="migrate the billing database to the current schema"
     ).set_defaults(func=upgrade_db)
+    billing.add_parser("service", help="run the billing service (the hub starts it)").set_defaults(
+        func=service
+    )
     for parser in (grant, show, use, *billing.choices.values()):
         parser.add_argument("--config", help="site config (YAML); default: the embedded default")
 

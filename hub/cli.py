@@ -19,7 +19,7 @@ def _serve(args) -> int:
     site = load_site_config(args.config)  # fail fast, before the hub's heavy imports
     from .app import serve
 
-    serve(site, args.ip, args.port)
+    serve(site, args.ip, args.port, args.config)
     return 0
 
 

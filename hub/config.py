@@ -106,6 +106,7 @@ def complete(site: dict, cwd: str | None = None) -> dict:
     ports = site.setdefault("hub", {})
     ports.setdefault("api_port", 8081)
     ports.setdefault("proxy_api_port", 8001)
+    ports.setdefault("billing_port", 8082)
     return site
 
 

@@ -11,7 +11,13 @@ from pathlib import Path
 
 import pytest
 
+from billing_hooks.db import connect
+from billing_hooks.ledger import Ledger
 from billing_hooks.money import accrued, to_micros
+from billing_hooks.orm import MeteredSession
+
+from .hubprocess import ADMIN_TOKEN, until
+from .jupyter import execute
 
 METERHUB = str(Path(sys.executable).parent / "meterhub")
 DEBUG_RATE = to_micros("3.60")  # 0.001 per second: a few seconds show up in micros
@@ -99,3 +105,45 @@ def test_grant_and_unknown_user(billed):
     assert cli(billed, "credit", "show", "vi").stdout.strip().splitlines()[-1] == "13.50 CNY"
     missing = cli(billed, "credit", "grant", "nobody", "5")
     assert missing.returncode == 2 and "unknown user 'nobody'" in missing.stderr
+
+
+@pytest.fixture(scope="module")
+def metered(hub_factory):
+    return hub_factory(
+        {
+            "gpus": [],
+            "profiles": {"debug": {"price_per_hour": "36.00"}},  # 0.01 per second
+            "billing": {
+                "trial_credit": "0.08",
+                "min_minutes_to_start": 0,
+                "meter_interval_seconds": 1,
+                "warn_minutes": [1],
+            },
+        },
+        name="metered",
+    )
+
+
+def ledger_of(hub):
+    return Ledger(connect(f"sqlite:///{hub.data_dir}/billing.sqlite"))
+
+
+async def test_meter_charges_while_running_and_stops_at_zero_keeping_the_disk(metered):
+    ledger = ledger_of(metered)
+    metered.spawn("wyn", {"profile": "debug"})
+    await execute(metered.url, "wyn", ADMIN_TOKEN, "open('work.txt','w').write('kept')")
+    until(lambda: ledger.balance("wyn") < to_micros("0.08"), "a charge while running", timeout=30)
+    until(lambda: metered.server("wyn") is None, "the meter to stop the server at zero", timeout=60)
+    notes = ledger.notifications("wyn")
+    assert [n.kind for n in notes] == ["warning", "stopped"]
+    assert "your files are kept" in notes[0].message and "Your files are kept" in notes[1].message
+    with ledger.begin() as db:
+        (session,) = db.query(MeteredSession).filter_by(user_name="wyn").all()
+    stop_latency = session.stopped_at - notes[1].created_at
+    overshoot = -ledger.balance("wyn")
+    rate = to_micros("36.00")
+    # the documented bound, plus a second for whole-second timestamps
+    assert overshoot <= accrued(rate, 1 + stop_latency + 1), (overshoot, stop_latency)
+    assert ledger.audit() == []
+    disk = Path(metered.data_dir) / "disks" / "wyn" / "work.txt"
+    assert disk.read_text() == "kept"

@@ -1,0 +1,56 @@
+"""The billing service: a JupyterHub-managed service running the meter.
+
+The hub starts it (`meterhub billing service`) with a token that may only list and read
+users and servers and stop servers. It serves a health check under its prefix; the wallet,
+usage and notification API joins it there.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+from urllib.parse import urlparse
+
+from tornado import web
+
+from .meter import HubClient, Meter
+from .settings import BillingSettings
+
+log = logging.getLogger("meterhub.billing")
+
+
+class HealthHandler(web.RequestHandler):
+    def get(self):
+        self.set_header("Content-Type", "application/json")
+        self.finish(json.dumps({"ok": True}))
+
+
+def make_app(prefix: str) -> web.Application:
+    return web.Application([(rf"{prefix}api/v1/health", HealthHandler)])
+
+
+async def run(settings: BillingSettings) -> None:
+    logging.basicConfig(
+        level=logging.INFO, format="[%(levelname)1.1s %(asctime)s billing] %(message)s"
+    )
+    ledger = settings.ledger()
+    hub = HubClient(os.environ["JUPYTERHUB_API_URL"], os.environ["JUPYTERHUB_API_TOKEN"])
+    meter = Meter(
+        ledger,
+        hub,
+        interval_seconds=settings.meter_interval_seconds,
+        warn_minutes=list(settings.warn_minutes),
+    )
+    service_url = urlparse(os.environ.get("JUPYTERHUB_SERVICE_URL", "http://127.0.0.1:8082"))
+    prefix = os.environ.get("JUPYTERHUB_SERVICE_PREFIX", "/services/billing/")
+    make_app(prefix).listen(service_url.port, service_url.hostname)
+    log.info(
+        "Billing service at %s, metering every %ss", service_url.geturl(), meter.interval_seconds
+    )
+    await meter.run_forever()
+
+
+def main(settings: BillingSettings) -> None:
+    asyncio.run(run(settings))
