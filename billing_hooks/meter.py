@@ -80,6 +80,15 @@ class HubClient:
             offset = following["offset"]
         raise RuntimeError("too many pages of users")
 
+    async def user_exists(self, name: str) -> bool:
+        try:
+            await self.http.fetch(self._request("GET", f"/users/{quote(name, safe='')}"))
+        except HTTPClientError as e:
+            if e.code == 404:
+                return False
+            raise
+        return True
+
     async def stop_server(self, user: str, server_name: str) -> None:
         path = f"/users/{quote(user, safe='')}/server"
         if server_name:

@@ -1,8 +1,8 @@
 """The billing service: a JupyterHub-managed service running the meter.
 
 The hub starts it (`meterhub billing service`) with a token that may only list and read
-users and servers and stop servers. It serves a health check under its prefix; the wallet,
-usage and notification API joins it there.
+users and servers and stop servers. Under its prefix it serves the wallet, usage,
+notification and grant API (billing_hooks/api.py) and a health check.
 """
 
 from __future__ import annotations
@@ -11,10 +11,12 @@ import asyncio
 import json
 import logging
 import os
+from decimal import Decimal
 from urllib.parse import urlparse
 
 from tornado import web
 
+from .api import make_handlers
 from .meter import HubClient, Meter
 from .settings import BillingSettings
 
@@ -27,8 +29,15 @@ class HealthHandler(web.RequestHandler):
         self.finish(json.dumps({"ok": True}))
 
 
-def make_app(prefix: str) -> web.Application:
-    return web.Application([(rf"{prefix}api/v1/health", HealthHandler)])
+def make_app(prefix: str, ledger, max_grant: Decimal, hub: HubClient) -> web.Application:
+    return web.Application(
+        [(rf"{prefix}api/v1/health", HealthHandler), *make_handlers(prefix)],
+        ledger=ledger,
+        max_grant=max_grant,
+        user_exists=hub.user_exists,
+        prefix=prefix,
+        cookie_secret=os.urandom(32),  # OAuth state only; users sign in again after a restart
+    )
 
 
 async def run(settings: BillingSettings) -> None:
@@ -45,7 +54,9 @@ async def run(settings: BillingSettings) -> None:
     )
     service_url = urlparse(os.environ.get("JUPYTERHUB_SERVICE_URL", "http://127.0.0.1:8082"))
     prefix = os.environ.get("JUPYTERHUB_SERVICE_PREFIX", "/services/billing/")
-    make_app(prefix).listen(service_url.port, service_url.hostname)
+    make_app(prefix, ledger, Decimal(settings.max_grant), hub).listen(
+        service_url.port, service_url.hostname
+    )
     log.info(
         "Billing service at %s, metering every %ss", service_url.geturl(), meter.interval_seconds
     )

@@ -133,7 +133,9 @@ def billing_service(site: dict, config_path: str | None) -> tuple[list[dict], li
         "scopes": ["list:users", "read:users", "read:servers", "delete:servers"],
         "services": [BILLING_SERVICE],
     }
-    return [service], [role]
+    # users reach the billing API (their own wallet) with their own tokens and cookies
+    user = {"name": "user", "scopes": ["self", f"access:services!service={BILLING_SERVICE}"]}
+    return [service], [role, user]
 
 
 def runtime_config(

@@ -43,7 +43,8 @@ class HubProcess:
         self.site.setdefault("data_dir", str(self.workdir / "data"))
         self.data_dir = self.site["data_dir"]
         self.port = free_port()
-        self.site.setdefault("hub", {"api_port": free_port(), "proxy_api_port": free_port()})
+        ports = ("api_port", "proxy_api_port", "billing_port")
+        self.site.setdefault("hub", {port: free_port() for port in ports})
         self.config_path = self.workdir / "meterhub.yaml"
         self.config_path.write_text(yaml.safe_dump(self.site))
         self.url = f"http://127.0.0.1:{self.port}"

@@ -1,0 +1,85 @@
+"""The billing REST API on a real hub: own data only, admin grants, clear 4xx, OpenAPI."""
+
+from __future__ import annotations
+
+import pytest
+import requests
+
+from .hubprocess import ADMIN_TOKEN
+
+
+@pytest.fixture(scope="module")
+def api_hub(hub_factory):
+    hub = hub_factory({"gpus": [], "billing": {"trial_credit": "10.00"}}, name="api")
+    for name in ("amy", "ben"):
+        hub.ensure_user(name)
+    return hub
+
+
+def user_token(hub, name: str) -> str:
+    r = hub.api("POST", f"/users/{name}/tokens", json={"note": "test"})
+    assert r.status_code == 201, r.text
+    return r.json()["token"]
+
+
+def billing(hub, method, path, token, **kwargs) -> requests.Response:
+    return requests.request(
+        method,
+        f"{hub.url}/services/billing/api/v1{path}",
+        headers={"Authorization": f"token {token}"},
+        allow_redirects=False,
+        timeout=30,
+        **kwargs,
+    )
+
+
+def test_a_user_reads_their_own_wallet_and_nobody_elses(api_hub):
+    amy = user_token(api_hub, "amy")
+    r = billing(api_hub, "GET", "/wallet", amy)
+    assert r.status_code == 200, r.text
+    wallet = r.json()
+    assert (wallet["user"], wallet["balance"], wallet["currency"]) == ("amy", "10.00", "CNY")
+    assert wallet["balance_micros"] == 10_000_000 and wallet["running"] == []
+    assert billing(api_hub, "GET", "/users/amy/usage", amy).json() == {"sessions": []}
+    for path in ("/users/ben/wallet", "/users/ben/usage", "/users/ben/notifications"):
+        r = billing(api_hub, "GET", path, amy)
+        assert r.status_code == 403 and "own wallet" in r.json()["message"], path
+    r = billing(api_hub, "POST", "/users/amy/grants", amy, json={"amount": "100"})
+    assert r.status_code == 403 and "admin:users" in r.json()["message"]
+    assert billing(api_hub, "GET", "/wallet", amy).json()["balance"] == "10.00"
+
+
+def test_admin_grants_idempotently_and_bad_input_gets_4xx(api_hub):
+    grant = {"amount": "12.50", "note": "lab", "key": "req-1"}
+    r = billing(api_hub, "POST", "/users/ben/grants", ADMIN_TOKEN, json=grant)
+    assert r.status_code == 201, r.text
+    assert r.json()["balance"] == "22.50"
+    again = billing(api_hub, "POST", "/users/ben/grants", ADMIN_TOKEN, json=grant)
+    assert again.status_code == 201 and again.json()["balance"] == "22.50"  # a retry
+    conflict = billing(
+        api_hub, "POST", "/users/ben/grants", ADMIN_TOKEN, json={**grant, "amount": "13"}
+    )
+    assert conflict.status_code == 409
+    for body, why in [
+        (b"{not json", "Malformed JSON"),
+        (b"[1, 2]", "JSON object"),
+        (b'{"amount": "-1"}', "positive"),
+        (b'{"amount": "1.001"}', "decimals"),
+        (b'{"amount": 1.5}', "number"),
+        (b'{"amount": "1e9"}', "below"),
+        (b'{"amount": "5", "key": 7}', "strings"),
+    ]:
+        r = billing(api_hub, "POST", "/users/ben/grants", ADMIN_TOKEN, data=body)
+        assert r.status_code == 400 and why in r.json()["message"], (body, r.text)
+    r = billing(api_hub, "POST", "/users/nobody/grants", ADMIN_TOKEN, json={"amount": "5"})
+    assert r.status_code == 404
+    wallet = billing(api_hub, "GET", "/users/ben/wallet", ADMIN_TOKEN).json()
+    assert wallet["balance"] == "22.50"
+
+
+def test_no_token_no_data_and_openapi_is_served(api_hub):
+    r = billing(api_hub, "GET", "/users/amy/wallet", "not-a-token")
+    assert r.status_code in (302, 401, 403)
+    assert "balance" not in r.text
+    spec = requests.get(f"{api_hub.url}/services/billing/api/v1/openapi.json", timeout=30).json()
+    assert spec["openapi"].startswith("3.") and "/users/{name}/grants" in spec["paths"]
