@@ -65,9 +65,21 @@ async def authorize_spawn(spawner) -> None:
 
 
 async def _record_ready(spawner, ledger, session_id: int) -> None:
-    """Charging starts when the server answers; a spawn that fails never becomes ready."""
+    """Charging starts when the spawn completes (the server answers through the proxy).
+
+    JupyterHub keeps the spawn's future on the spawner; its completion is the ready time.
+    A spawn that fails never becomes ready and costs nothing.
+    """
+    spawn = getattr(spawner, "_spawn_future", None)
+    if spawn is not None:
+        try:
+            await asyncio.shield(spawn)
+        except BaseException:
+            return
+        await asyncio.to_thread(ledger.mark_ready, session_id)
+        return
     deadline = time.monotonic() + spawner.start_timeout + spawner.http_timeout + 60
-    while time.monotonic() < deadline:
+    while time.monotonic() < deadline:  # a spawn without a future: watch for ready
         if spawner.ready:
             await asyncio.to_thread(ledger.mark_ready, session_id)
             return

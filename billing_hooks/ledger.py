@@ -225,7 +225,11 @@ class Ledger:
         with self.begin() as db:
             db.execute(
                 update(MeteredSession)
-                .where(MeteredSession.id == session_id, MeteredSession.ready_at.is_(None))
+                .where(
+                    MeteredSession.id == session_id,
+                    MeteredSession.ready_at.is_(None),
+                    MeteredSession.stopped_at.is_(None),  # too late: it already stopped
+                )
                 .values(ready_at=at, metered_through=at, last_seen_running=at)
             )
 

@@ -5,6 +5,9 @@
   pass; every hub and every server it started is stopped at teardown.
 - `hub`: one module-wide hub with a declared inventory of 2 × A800 and 1 × RTX 4090.
 - `admin_token`: the `METERHUB_ADMIN_TOKEN` the hubs are started with.
+- `postgres`: one throwaway PostgreSQL cluster for the session (`.new_database()` gives a
+  fresh database URL).
+- `ledger_url`: a fresh ledger database URL, once on SQLite and once on PostgreSQL.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ from __future__ import annotations
 import pytest
 
 from .hubprocess import ADMIN_TOKEN, HubProcess
+from .postgres import PostgresCluster
 
 
 @pytest.fixture(scope="session")
@@ -37,3 +41,18 @@ def hub_factory(tmp_path_factory):
 @pytest.fixture(scope="module")
 def hub(hub_factory) -> HubProcess:
     return hub_factory({"gpus": [{"type": "a800", "count": 2}, {"type": "rtx4090", "count": 1}]})
+
+
+@pytest.fixture(scope="session")
+def postgres():
+    cluster = PostgresCluster()
+    cluster.start()
+    yield cluster
+    cluster.stop()
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def ledger_url(request, tmp_path):
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path}/ledger.sqlite"
+    return request.getfixturevalue("postgres").new_database()

@@ -147,3 +147,24 @@ async def test_meter_charges_while_running_and_stops_at_zero_keeping_the_disk(me
     assert ledger.audit() == []
     disk = Path(metered.data_dir) / "disks" / "wyn" / "work.txt"
     assert disk.read_text() == "kept"
+
+
+def test_the_same_billing_on_postgresql(hub_factory, postgres):
+    url = postgres.new_database()
+    hub = hub_factory(
+        {"gpus": [], "billing": {"db_url": url, "trial_credit": "0.50"}}, name="pghub"
+    )
+    hub.ensure_user("pam")
+    r = hub.api("POST", "/users/pam/server", json={"profile": "debug"})
+    assert r.status_code in (201, 202), r.text
+    until(lambda: (s := hub.server("pam")) and s["ready"], "pam's server")
+    hub.stop_server("pam")
+    ledger = Ledger(connect(url))
+    with ledger.begin() as db:
+        (session,) = db.query(MeteredSession).filter_by(user_name="pam").all()
+    assert session.stopped_at is not None and session.ready_at is not None
+    assert ledger.balance("pam") == to_micros("0.50") - accrued(
+        session.rate_micros_per_hour, session.metered_through - session.ready_at
+    )
+    assert ledger.audit() == []
+    hub.teardown()

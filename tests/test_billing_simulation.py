@@ -5,7 +5,7 @@ late), stops and crashes injected between the statements of a transaction, on a 
 After every step the audit must be clean and every balance must equal what a simple model
 says: trial + granted - exact per-second charges. A failure prints the seed.
 
-More seeds: METERHUB_SIM_SEEDS=5000 .venv/bin/pytest tests/test_billing_simulation.py
+More seeds: METERHUB_SIM_SEEDS=5000 METERHUB_SIM_PG_SEEDS=200 .venv/bin/pytest tests/test_billing_simulation.py
 """
 
 from __future__ import annotations
@@ -16,12 +16,14 @@ import random
 import pytest
 from sqlalchemy.exc import OperationalError
 
+from billing_hooks.db import connect
 from billing_hooks.ledger import InsufficientCredit
 from billing_hooks.money import MICROS, accrued, to_micros
 
 from .billing_support import make_ledger
 
 SEEDS = int(os.environ.get("METERHUB_SIM_SEEDS", "200"))
+PG_SEEDS = int(os.environ.get("METERHUB_SIM_PG_SEEDS", "10"))
 STEPS = 60
 USERS = ("ann", "bo", "cy")
 RATES = {"debug": to_micros("0.10"), "rtx4090": to_micros("1.25"), "a800": to_micros("6.67")}
@@ -50,10 +52,10 @@ class Faults:
             raise OperationalError("UPDATE ...", {}, Exception(f"database went away at {point}"))
 
 
-def simulate(seed: int) -> None:
+def simulate(seed: int, engine=None) -> None:
     rng = random.Random(seed)
     faults = Faults(rng)
-    ledger, clock = make_ledger(fault=faults)
+    ledger, clock = make_ledger(fault=faults, engine=engine)
     granted = {user: 0 for user in USERS}
     known = set()
     open_sessions: dict[int, str] = {}
@@ -137,3 +139,12 @@ def check(ledger, granted, known, seed, step):
 @pytest.mark.parametrize("seed", range(SEEDS))
 def test_seeded_simulation(seed):
     simulate(seed)
+
+
+@pytest.mark.parametrize("seed", range(PG_SEEDS))
+def test_seeded_simulation_on_postgresql(seed, postgres):
+    engine = connect(postgres.new_database())
+    try:
+        simulate(seed, engine=engine)
+    finally:
+        engine.dispose()

@@ -10,12 +10,22 @@ from billing_hooks.db import SchemaMismatch, connect, current_revision, head_rev
 from billing_hooks.ledger import ConcurrentUpdate, InsufficientCredit, KeyConflict, Ledger
 from billing_hooks.money import MICROS, accrued, to_micros
 
-from .billing_support import make_ledger
+from .billing_support import make_ledger as make_memory_ledger
 
 A800 = to_micros("4.50")
 
 
-def test_trial_credit_exactly_once():
+@pytest.fixture
+def make_ledger(ledger_url):
+    """A factory of ledgers on a fresh database: SQLite, then PostgreSQL."""
+
+    def make(**kwargs):
+        return make_memory_ledger(engine=connect(ledger_url), **kwargs)
+
+    return make
+
+
+def test_trial_credit_exactly_once(make_ledger):
     ledger, _ = make_ledger()
     assert ledger.ensure_user("ann") == 10 * MICROS
     assert ledger.ensure_user("ann") == 10 * MICROS
@@ -24,7 +34,7 @@ def test_trial_credit_exactly_once():
     assert ledger.audit() == []
 
 
-def test_grants_are_idempotent_by_key_and_conflicts_are_loud():
+def test_grants_are_idempotent_by_key_and_conflicts_are_loud(make_ledger):
     ledger, _ = make_ledger()
     ledger.grant("bo", 5 * MICROS, key="grant:req-1", note="top-up")
     ledger.grant("bo", 5 * MICROS, key="grant:req-1", note="retry")
@@ -34,7 +44,7 @@ def test_grants_are_idempotent_by_key_and_conflicts_are_loud():
     assert ledger.balance("bo") == 15 * MICROS
 
 
-def test_spawn_is_refused_without_minimum_minutes_and_says_what_to_do():
+def test_spawn_is_refused_without_minimum_minutes_and_says_what_to_do(make_ledger):
     ledger, _ = make_ledger(trial_credit_micros=to_micros("0.50"))
     with pytest.raises(InsufficientCredit) as e:
         ledger.open_session("cy", "", "a800", 1, A800, min_seconds=600, label="1 × A800")
@@ -46,14 +56,14 @@ def test_spawn_is_refused_without_minimum_minutes_and_says_what_to_do():
     ledger.open_session("cy", "", "debug", 0, to_micros("0.10"), min_seconds=600)
 
 
-def test_concurrent_spawns_cannot_together_overspend():
+def test_concurrent_spawns_cannot_together_overspend(make_ledger):
     ledger, _ = make_ledger(trial_credit_micros=to_micros("1.00"))
     ledger.open_session("di", "", "a800", 1, A800, min_seconds=600)  # needs 0.75
     with pytest.raises(InsufficientCredit, match="with your running servers"):
         ledger.open_session("di", "gpu2", "a800", 1, A800, min_seconds=600)  # 1.50 > 1.00
 
 
-def test_charges_from_ready_to_stop_per_second_and_exactly():
+def test_charges_from_ready_to_stop_per_second_and_exactly(make_ledger):
     ledger, clock = make_ledger()
     auth = ledger.open_session("ed", "", "a800", 2, 2 * A800, min_seconds=600)
     clock.advance(30)  # spawning is free
@@ -72,7 +82,7 @@ def test_charges_from_ready_to_stop_per_second_and_exactly():
     assert ledger.audit() == []
 
 
-def test_a_failed_spawn_costs_nothing():
+def test_a_failed_spawn_costs_nothing(make_ledger):
     ledger, clock = make_ledger()
     auth = ledger.open_session("fi", "", "a800", 1, A800, min_seconds=600)
     clock.advance(300)
@@ -81,8 +91,8 @@ def test_a_failed_spawn_costs_nothing():
     assert ledger.open_sessions() == []
 
 
-def test_two_meters_racing_on_one_database_double_nothing(tmp_path):
-    url = f"sqlite:///{tmp_path}/ledger.sqlite"
+def test_two_meters_racing_on_one_database_double_nothing(ledger_url):
+    url = ledger_url
     clock = FakeClock()
     meters = [Ledger(connect(url), clock=clock) for _ in range(2)]
     sessions = []
@@ -115,7 +125,7 @@ def test_two_meters_racing_on_one_database_double_nothing(tmp_path):
         assert meters[1].balance(user) == 10 * MICROS - accrued(A800, 280)
 
 
-def test_audit_finds_tampering():
+def test_audit_finds_tampering(make_ledger):
     ledger, clock = make_ledger()
     auth = ledger.open_session("hu", "", "a800", 1, A800, min_seconds=60)
     ledger.mark_ready(auth.session_id)
@@ -141,8 +151,8 @@ def test_audit_finds_tampering():
     assert any("past its observed end" in p for p in ledger.audit())
 
 
-def test_migrations_create_the_schema_and_mismatch_is_refused(tmp_path):
-    url = f"sqlite:///{tmp_path}/ledger.sqlite"
+def test_migrations_create_the_schema_and_mismatch_is_refused(ledger_url):
+    url = ledger_url
     engine = connect(url)
     assert current_revision(engine) == head_revision()
     with engine.begin() as conn:
