@@ -64,4 +64,7 @@ async def run(settings: BillingSettings) -> None:
 
 
 def main(settings: BillingSettings) -> None:
-    asyncio.run(run(settings))
+    try:
+        asyncio.run(run(settings))
+    except KeyboardInterrupt:  # the hub stops its services with SIGINT
+        log.info("Billing service stopped")

@@ -18,6 +18,8 @@ from traitlets.config import Config
 from billing_hooks import hooks
 from spawner.catalog import parse_price
 
+from . import spawn_form
+
 HERE = Path(__file__).parent
 SCHEMA: dict = yaml.safe_load((HERE / "site-schema.yaml").read_text())
 TEMPLATES = str(HERE / "templates")
@@ -148,6 +150,7 @@ def apply_config(site: dict, c: Config) -> Config:
     for key in ("trial_credit", "overdraft", "max_grant"):
         if key in billing:
             setattr(c.BillingSettings, key, str(billing[key]))
+    c.Spawner.options_form = spawn_form.options_form
     c.Spawner.pre_spawn_hook = hooks.authorize_spawn
     c.Spawner.post_stop_hook = hooks.settle_stop
 

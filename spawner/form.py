@@ -5,13 +5,22 @@ Plain HTML that works without JavaScript; the server validates whatever is poste
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from decimal import Decimal
 from pathlib import Path
 
 from jinja2 import Environment, select_autoescape
 
-from .catalog import Catalog, Profile
+from .catalog import Catalog, Choice, Profile
+
+#: what a deployment adds to each choice: (note shown beside it, reason it cannot start or "")
+Annotate = Callable[[Choice], tuple[str, str]]
+
+
+def _no_annotation(choice: Choice) -> tuple[str, str]:
+    return "", ""
+
 
 _env = Environment(autoescape=select_autoescape(default=True), trim_blocks=True, lstrip_blocks=True)
 _template = _env.from_string((Path(__file__).parent / "options_form.html").read_text())
@@ -22,6 +31,7 @@ class CountOption:
     count: int
     price_per_hour: Decimal
     disabled_reason: str
+    note: str = ""
 
 
 @dataclass(frozen=True)
@@ -31,28 +41,38 @@ class ProfileOption:
     free: int | None
     counts: tuple[CountOption, ...]
     disabled_reason: str
+    note: str = ""
 
 
 def profile_options(
-    catalog: Catalog, availability: dict[str, tuple[int, int]] | None
+    catalog: Catalog,
+    availability: dict[str, tuple[int, int]] | None,
+    annotate: Annotate = _no_annotation,
 ) -> list[ProfileOption]:
-    """What the form offers; `availability` is (total, free) per GPU type, None if unknown."""
+    """What the form offers; `availability` is (total, free) per GPU type, None if unknown.
+
+    `annotate` lets the hub add, per choice, a note (the estimated run time) and a reason
+    it cannot start (not enough credit) without the spawner knowing about money.
+    """
     options = []
     for profile in catalog.profiles().values():
         if profile.is_debug:
-            options.append(ProfileOption(profile, None, None, (), ""))
+            note, reason = annotate(Choice(profile, 0))
+            options.append(ProfileOption(profile, None, None, (), reason, note))
             continue
         total, free = (availability or {}).get(profile.slug, (None, None))
         counts = []
         for count in profile.counts:
-            reason = ""
+            note, reason = annotate(Choice(profile, count))
             if free is not None and count > free:
                 reason = f"only {free} free" if free else "none free"
-            counts.append(CountOption(count, profile.price_per_hour * count, reason))
+            counts.append(CountOption(count, profile.price_per_hour * count, reason, note))
         if total == 0:
             reason = f"No {profile.display_name} on this machine"
         elif free == 0:
             reason = f"All {total} {profile.display_name} GPUs are in use"
+        elif all(c.disabled_reason for c in counts):
+            reason = counts[0].disabled_reason.capitalize()
         else:
             reason = ""
         options.append(ProfileOption(profile, total, free, tuple(counts), reason))
@@ -63,7 +83,11 @@ def render_options_form(
     catalog: Catalog,
     availability: dict[str, tuple[int, int]] | None,
     currency_symbol: str = "¥",
+    annotate: Annotate = _no_annotation,
+    summary: str = "",
 ) -> str:
-    options = profile_options(catalog, availability)
+    options = profile_options(catalog, availability, annotate)
     first_enabled = next((o.profile.slug for o in options if not o.disabled_reason), None)
-    return _template.render(options=options, checked=first_enabled, currency=currency_symbol)
+    return _template.render(
+        options=options, checked=first_enabled, currency=currency_symbol, summary=summary
+    )

@@ -168,3 +168,20 @@ def test_the_same_billing_on_postgresql(hub_factory, postgres):
     )
     assert ledger.audit() == []
     hub.teardown()
+
+
+def test_spawn_page_shows_balance_run_time_and_refusal(billed):
+    from .test_local_hub import login
+
+    session = login(billed)
+    form = session.get(f"{billed.url}/hub/spawn").content.decode()
+    assert "Your balance: ¥1.00" in form
+    assert "≈ 16 min at this profile" in form  # debug at ¥3.60/h
+    assert "2 × A800 — ¥9.00/h · ≈ 6 min at this profile (not enough credit)" in form
+    r = session.post(
+        f"{billed.url}/hub/spawn",
+        data={"profile": "a800", "gpus_a800": "2", "_xsrf": session.cookies.get("_xsrf")},
+    )
+    page = r.content.decode()
+    assert "Your balance is ¥1.00" in page and "Top up, or choose debug mode" in page
+    assert billed.server("admin") is None

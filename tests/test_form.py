@@ -45,3 +45,22 @@ def test_unknown_availability_offers_everything():
     html = render_options_form(Catalog(), None)
     assert " disabled" not in html
     assert "free" not in html.replace("data-free", "")
+
+
+def test_hub_annotations_add_run_time_and_credit_reasons():
+    from hub.spawn_form import credit_annotation
+
+    annotate = credit_annotation(available_micros=1_000_000, min_seconds=600)  # ¥1.00, 10 min
+    options = {o.profile.slug: o for o in profile_options(Catalog(), AVAILABLE, annotate)}
+    assert options["debug"].note == "≈ 10 h at this profile"
+    rtx = options["rtx4090"].counts
+    assert rtx[0].note == "≈ 48 min at this profile" and rtx[0].disabled_reason == ""
+    # 2 × RTX 4090 costs ¥2.50/h: 10 minutes need ¥0.41 — fine; 8 × needs ¥1.66: refused
+    assert rtx[1].disabled_reason == ""
+    assert rtx[3].disabled_reason == "only 3 free"  # availability wins over credit
+    broke = credit_annotation(available_micros=0, min_seconds=600)
+    options = {o.profile.slug: o for o in profile_options(Catalog(), AVAILABLE, broke)}
+    assert options["debug"].disabled_reason == "not enough credit"
+    assert options["rtx4090"].disabled_reason == "Not enough credit"
+    html = render_options_form(Catalog(), AVAILABLE, annotate=broke, summary="Your balance: ¥0.00")
+    assert "Your balance: ¥0.00" in html and "≈ 0 s at this profile" in html

@@ -187,7 +187,7 @@ async def test_hub_restart_keeps_servers_and_their_gpus(hub):
 def test_spawn_form_posts_a_profile(hub):
     """The HTML form path: sign in as admin, read the form, post it, get a server."""
     s = login(hub)
-    form = s.get(f"{hub.url}/hub/spawn").text
+    form = s.get(f"{hub.url}/hub/spawn").content.decode()
     for text in ("RTX 4090", "A800", "H800", "Debug mode", "¥4.50/GPU-hour", "¥0.10/h"):
         assert text in form
     assert "No H800 on this machine" in form

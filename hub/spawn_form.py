@@ -1,0 +1,49 @@
+"""The spawn form with credit: the catalog's options annotated with the balance and run time.
+
+The spawner renders profiles and what is free; the hub adds what only billing knows — the
+balance, "≈ 3 h 20 min at this profile" and "not enough credit" — through an annotation
+callback, so spawner/ never learns about money.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from billing_hooks.money import (
+    CURRENCY_SYMBOLS,
+    accrued,
+    format_duration,
+    format_money,
+    seconds_covered,
+    to_micros,
+)
+from billing_hooks.settings import BillingSettings
+from spawner.catalog import Catalog, Choice
+from spawner.form import render_options_form
+
+
+def credit_annotation(available_micros: int, min_seconds: int):
+    def annotate(choice: Choice) -> tuple[str, str]:
+        rate = to_micros(choice.rate_per_hour)
+        seconds = seconds_covered(available_micros, rate)
+        note = f"≈ {format_duration(seconds)} at this profile" if seconds is not None else ""
+        reason = "not enough credit" if available_micros < accrued(rate, min_seconds) else ""
+        return note, reason
+
+    return annotate
+
+
+async def options_form(spawner) -> str:
+    settings = BillingSettings(config=spawner.config)
+    ledger = settings.ledger()
+    balance = await asyncio.to_thread(ledger.ensure_user, spawner.user.name)
+    available = balance + ledger.overdraft_micros
+    allocator = getattr(spawner, "allocator", None)
+    availability = await asyncio.to_thread(allocator.availability) if allocator else None
+    return render_options_form(
+        Catalog(config=spawner.config),
+        availability,
+        currency_symbol=CURRENCY_SYMBOLS.get(settings.currency, settings.currency + " "),
+        annotate=credit_annotation(available, settings.min_seconds_to_start),
+        summary=f"Your balance: {format_money(balance, settings.currency)}",
+    )
