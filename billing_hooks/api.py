@@ -18,7 +18,9 @@ from jupyterhub.utils import url_path_join
 from sqlalchemy import select
 from tornado import web
 
-from .ledger import KeyConflict, Ledger
+from spawner.catalog import PASS_PERIODS, InvalidChoice
+
+from .ledger import InsufficientCredit, KeyConflict, Ledger
 from .money import (
     AmountError,
     format_duration,
@@ -26,6 +28,7 @@ from .money import (
     from_micros,
     parse_amount,
     seconds_covered,
+    to_micros,
 )
 from .orm import Entry, MeteredSession
 
@@ -241,6 +244,76 @@ class GrantHandler(BillingHandler):
         return await self.settings["user_exists"](name)
 
 
+def _pass_json(held) -> dict:
+    return {
+        "id": held.id,
+        "profile": held.profile,
+        "gpus": held.gpus,
+        "period": held.period,
+        "price": _money(held.price_micros),
+        "starts": _time(held.starts_at),
+        "ends": _time(held.ends_at),
+    }
+
+
+class PassesHandler(BillingHandler):
+    """A user's passes and what they can buy; buying takes the price from the catalog."""
+
+    @property
+    def catalog(self):
+        return self.settings["catalog"]
+
+    def offers(self) -> list[dict]:
+        offers = []
+        for slug, profile in self.catalog.profiles().items():
+            if profile.is_debug:
+                continue
+            for gpus in profile.counts:
+                for period in PASS_PERIODS:
+                    price = self.catalog.pass_price(slug, gpus, period)
+                    offers.append(
+                        {"profile": slug, "gpus": gpus, "period": period, "price": str(price)}
+                    )
+        return offers
+
+    @web.authenticated
+    async def get(self, name):
+        self.check_user(name)
+        held = await asyncio.to_thread(self.ledger.passes, name)
+        self.send({"passes": [_pass_json(p) for p in held], "offers": self.offers()})
+
+    @web.authenticated
+    async def post(self, name):
+        self.check_user(name)
+        body = self.json_body()
+        try:
+            choice = self.catalog.parse({"profile": body.get("profile"), "gpus": body.get("gpus")})
+            period = body.get("period")
+            price = self.catalog.pass_price(choice.profile.slug, choice.gpus, period)
+        except InvalidChoice as e:
+            raise web.HTTPError(400, "%s", str(e)) from None
+        key = body.get("key") or str(uuid.uuid4())
+        if not isinstance(key, str) or len(key) > 120:
+            raise web.HTTPError(400, "key must be a string of at most 120 characters")
+        try:
+            held = await asyncio.to_thread(
+                self.ledger.buy_pass,
+                name,
+                choice.profile.slug,
+                choice.gpus,
+                period,
+                to_micros(price),
+                PASS_PERIODS[period][0],
+                f"pass:api:{key}",
+                choice.label,
+            )
+        except InsufficientCredit as e:
+            raise web.HTTPError(402, "%s", str(e)) from None
+        except KeyConflict:
+            raise web.HTTPError(409, "That key was already used for a different purchase") from None
+        self.send(_pass_json(held), status=201)
+
+
 class OpenAPIHandler(web.RequestHandler):
     def get(self):
         self.set_header("Content-Type", "application/json")
@@ -303,6 +376,43 @@ def openapi(prefix: str) -> dict:
                     "responses": {"200": ok, **errors},
                 }
             },
+            "/users/{name}/passes": {
+                "get": {
+                    "summary": "A user's passes and the passes on offer",
+                    "parameters": [user],
+                    "responses": {"200": ok, **errors},
+                },
+                "post": {
+                    "summary": "Buy a pass from the wallet (own, or admin)",
+                    "parameters": [user],
+                    "requestBody": {
+                        "required": True,
+                        "content": {
+                            "application/json": {
+                                "schema": {
+                                    "type": "object",
+                                    "required": ["profile", "gpus", "period"],
+                                    "properties": {
+                                        "profile": {
+                                            "type": "string",
+                                            "enum": ["rtx4090", "a800", "h800"],
+                                        },
+                                        "gpus": {"type": "string", "enum": ["1", "2", "4", "8"]},
+                                        "period": {"type": "string", "enum": list(PASS_PERIODS)},
+                                        "key": {"type": "string", "maxLength": 120},
+                                    },
+                                }
+                            }
+                        },
+                    },
+                    "responses": {
+                        "201": {"description": "bought"},
+                        "402": {"description": "not enough credit"},
+                        "409": {"description": "key reused"},
+                        **errors,
+                    },
+                },
+            },
             "/users/{name}/grants": {
                 "post": {
                     "summary": "Grant credit (admin:users)",
@@ -344,4 +454,5 @@ def make_handlers(prefix: str) -> list:
         (url_path_join(api, r"users/([^/]+)/usage"), UsageHandler),
         (url_path_join(api, r"users/([^/]+)/notifications"), NotificationsHandler),
         (url_path_join(api, r"users/([^/]+)/grants"), GrantHandler),
+        (url_path_join(api, r"users/([^/]+)/passes"), PassesHandler),
     ]

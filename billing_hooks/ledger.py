@@ -19,7 +19,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from .clock import utcnow
 from .money import MICROS, accrued, format_money, window_charge
-from .orm import Entry, MeteredSession, Notification, Wallet
+from .orm import Entry, MeteredSession, Notification, Pass, Wallet
 
 
 class LedgerError(Exception):
@@ -194,7 +194,17 @@ class Ledger:
                     MeteredSession.wallet_id == wallet.id, MeteredSession.stopped_at.is_(None)
                 )
             ).all()
-            needed = sum(accrued(rate, min_seconds) for rate in [*open_rates, rate_micros_per_hour])
+            covered_now = db.scalars(
+                select(Pass.id).where(
+                    Pass.wallet_id == wallet.id,
+                    Pass.profile == profile,
+                    Pass.gpus >= gpus,
+                    Pass.starts_at <= now,
+                    Pass.ends_at > now + min_seconds,
+                )
+            ).first()
+            new_rate = 0 if covered_now else rate_micros_per_hour
+            needed = sum(accrued(rate, min_seconds) for rate in [*open_rates, new_rate])
             available = wallet.balance_micros + self.overdraft_micros
             if available < needed:
                 minutes = min_seconds // 60
@@ -264,7 +274,7 @@ class Ledger:
         start = session.metered_through
         if end <= start:
             return None
-        amount = -window_charge(session.rate_micros_per_hour, session.ready_at, start, end)
+        amount = window_amount(session, start, end, _covering_passes(db, session))
         moved = db.execute(
             update(MeteredSession)
             .where(MeteredSession.id == session.id, MeteredSession.metered_through == start)
@@ -327,6 +337,88 @@ class Ledger:
                 )
             )
 
+    # ------------------------------------------------------------------ passes
+
+    def buy_pass(
+        self,
+        user: str,
+        profile: str,
+        gpus: int,
+        period: str,
+        price_micros: int,
+        duration_seconds: int,
+        key: str,
+        label: str = "",
+    ) -> Pass:
+        """Buy a pass from the wallet; it starts now, or when the same pass already held ends.
+
+        Refused without funds (the overdraft does not pay for passes).
+        """
+        now = self.clock()
+        with self.begin() as db:
+            wallet = self._ensure_wallet(db, user)
+            existing = db.scalars(select(Entry).where(Entry.key == key)).first()
+            if existing is not None:
+                self._post(db, wallet, "pass", -price_micros, key)  # same key: same amount, or loud
+                return db.scalars(select(Pass).where(Pass.entry_key == key)).one()
+            if wallet.balance_micros < price_micros:
+                raise InsufficientCredit(
+                    f"Your balance is {format_money(wallet.balance_micros, self.currency)};"
+                    f" a {period} pass for {label or profile} costs"
+                    f" {format_money(price_micros, self.currency)}. Top up first."
+                )
+            latest_end = db.scalar(
+                select(func.max(Pass.ends_at)).where(
+                    Pass.wallet_id == wallet.id,
+                    Pass.profile == profile,
+                    Pass.gpus == gpus,
+                    Pass.ends_at > now,
+                )
+            )
+            starts = latest_end or now
+            self._post(
+                db, wallet, "pass", -price_micros, key, note=f"{period} pass {label or profile}"
+            )
+            bought = Pass(
+                wallet_id=wallet.id,
+                profile=profile,
+                gpus=gpus,
+                period=period,
+                price_micros=price_micros,
+                starts_at=starts,
+                ends_at=starts + duration_seconds,
+                entry_key=key,
+            )
+            db.add(bought)
+            db.flush()
+            return bought
+
+    def coverage(self, session_id: int, at: int) -> Pass | None:
+        """The pass covering a session at `at`, if any; else the latest one that ended."""
+        with self.begin() as db:
+            session = db.get(MeteredSession, session_id)
+            passes = db.scalars(
+                select(Pass)
+                .where(
+                    Pass.wallet_id == session.wallet_id,
+                    Pass.profile == session.profile,
+                    Pass.gpus >= session.gpus,
+                    Pass.starts_at <= at,
+                )
+                .order_by(Pass.ends_at.desc())
+            ).all()
+            return passes[0] if passes else None
+
+    def passes(self, user: str, valid_at: int | None = None) -> list[Pass]:
+        with self.begin() as db:
+            wallet = self._wallet(db, user)
+            if wallet is None:
+                return []
+            query = select(Pass).where(Pass.wallet_id == wallet.id)
+            if valid_at is not None:
+                query = query.where(Pass.starts_at <= valid_at, Pass.ends_at > valid_at)
+            return list(db.scalars(query.order_by(Pass.id)))
+
     # ------------------------------------------------------------------ notifications
 
     def notify(self, user: str, key: str, kind: str, message: str) -> bool:
@@ -373,8 +465,50 @@ class Ledger:
             ):
                 charges.setdefault(entry.session_id, []).append(entry)
             for session in db.scalars(select(MeteredSession)):
-                problems += _audit_session(session, charges.get(session.id, []), now)
+                covered = _covering_passes(db, session)
+                problems += _audit_session(session, charges.get(session.id, []), now, covered)
         return problems
+
+
+def uncovered(start: int, end: int, covered: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """The parts of [start, end) outside every covered interval."""
+    pieces = [(start, end)]
+    for cover_start, cover_end in covered:
+        next_pieces = []
+        for a, b in pieces:
+            if cover_end <= a or cover_start >= b:
+                next_pieces.append((a, b))
+                continue
+            if a < cover_start:
+                next_pieces.append((a, cover_start))
+            if cover_end < b:
+                next_pieces.append((cover_end, b))
+        pieces = next_pieces
+    return pieces
+
+
+def window_amount(
+    session: MeteredSession, start: int, end: int, covered: list[tuple[int, int]]
+) -> int:
+    """The (negative) charge for [start, end) of a session, passes' time excluded."""
+    return -sum(
+        window_charge(session.rate_micros_per_hour, session.ready_at, a, b)
+        for a, b in uncovered(start, end, covered)
+    )
+
+
+def _covering_passes(db: Session, session: MeteredSession) -> list[tuple[int, int]]:
+    """Validity intervals of the wallet's passes that cover this session's profile and GPUs."""
+    return [
+        (p.starts_at, p.ends_at)
+        for p in db.scalars(
+            select(Pass).where(
+                Pass.wallet_id == session.wallet_id,
+                Pass.profile == session.profile,
+                Pass.gpus >= session.gpus,
+            )
+        )
+    ]
 
 
 def _open_sessions_of(user: str, server_name: str):
@@ -385,7 +519,9 @@ def _open_sessions_of(user: str, server_name: str):
     )
 
 
-def _audit_session(session: MeteredSession, entries: list[Entry], now: int) -> list[str]:
+def _audit_session(
+    session: MeteredSession, entries: list[Entry], now: int, covered: list[tuple[int, int]]
+) -> list[str]:
     where = f"session {session.id} ({session.user_name})"
     if session.ready_at is None:
         return [f"{where}: charged but never ready"] if entries else []
@@ -397,9 +533,7 @@ def _audit_session(session: MeteredSession, entries: list[Entry], now: int) -> l
             problems.append(
                 f"{where}: {kind} window [{entry.window_start}, {entry.window_end}) after {cursor}"
             )
-        expected = -window_charge(
-            session.rate_micros_per_hour, session.ready_at, entry.window_start, entry.window_end
-        )
+        expected = window_amount(session, entry.window_start, entry.window_end, covered)
         if entry.amount_micros != expected:
             problems.append(
                 f"{where}: window [{entry.window_start}, {entry.window_end}) charged {entry.amount_micros}, expected {expected}"

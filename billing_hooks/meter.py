@@ -164,6 +164,25 @@ class Meter:
 
     def _check_credit(self, sessions: list, result: PassResult) -> None:
         user = sessions[0].user_name
+        now = self.clock()
+        paying = []
+        for session in sessions:
+            held = self.ledger.coverage(session.id, now)
+            if held is not None and held.ends_at > now:
+                continue  # a valid pass pays for it
+            if held is not None and held.ends_at > (session.ready_at or now):
+                self.ledger.notify(
+                    user,
+                    f"pass-ended:{session.id}:{held.id}",
+                    "pass-ended",
+                    f"Your {held.period} pass has ended; this server now costs"
+                    f" {format_money(session.rate_micros_per_hour, self.ledger.currency)}/h"
+                    " from your credit.",
+                )
+            paying.append(session)
+        if not paying:
+            return
+        sessions = paying
         balance = self.ledger.balance(user)
         rate = sum(s.rate_micros_per_hour for s in sessions)
         currency = self.ledger.currency

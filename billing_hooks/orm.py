@@ -88,6 +88,8 @@ class Pass(Base):
     price_micros: Mapped[int] = mapped_column(BigInteger)
     starts_at: Mapped[int] = mapped_column(BigInteger)
     ends_at: Mapped[int] = mapped_column(BigInteger)
+    #: the key of the ledger entry that paid for it
+    entry_key: Mapped[str] = mapped_column(String(200), unique=True)
 
 
 class Notification(Base):

@@ -29,18 +29,19 @@ class HealthHandler(web.RequestHandler):
         self.finish(json.dumps({"ok": True}))
 
 
-def make_app(prefix: str, ledger, max_grant: Decimal, hub: HubClient) -> web.Application:
+def make_app(prefix: str, ledger, max_grant: Decimal, hub: HubClient, catalog) -> web.Application:
     return web.Application(
         [(rf"{prefix}api/v1/health", HealthHandler), *make_handlers(prefix)],
         ledger=ledger,
         max_grant=max_grant,
         user_exists=hub.user_exists,
         prefix=prefix,
+        catalog=catalog,
         cookie_secret=os.urandom(32),  # OAuth state only; users sign in again after a restart
     )
 
 
-async def run(settings: BillingSettings) -> None:
+async def run(settings: BillingSettings, catalog) -> None:
     logging.basicConfig(
         level=logging.INFO, format="[%(levelname)1.1s %(asctime)s billing] %(message)s"
     )
@@ -54,7 +55,7 @@ async def run(settings: BillingSettings) -> None:
     )
     service_url = urlparse(os.environ.get("JUPYTERHUB_SERVICE_URL", "http://127.0.0.1:8082"))
     prefix = os.environ.get("JUPYTERHUB_SERVICE_PREFIX", "/services/billing/")
-    make_app(prefix, ledger, Decimal(settings.max_grant), hub).listen(
+    make_app(prefix, ledger, Decimal(settings.max_grant), hub, catalog).listen(
         service_url.port, service_url.hostname
     )
     log.info(
@@ -63,8 +64,8 @@ async def run(settings: BillingSettings) -> None:
     await meter.run_forever()
 
 
-def main(settings: BillingSettings) -> None:
+def main(settings: BillingSettings, catalog) -> None:
     try:
-        asyncio.run(run(settings))
+        asyncio.run(run(settings, catalog))
     except KeyboardInterrupt:  # the hub stops its services with SIGINT
         log.info("Billing service stopped")

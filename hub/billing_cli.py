@@ -153,9 +153,10 @@ def upgrade_db(args) -> int:
 
 def service(args) -> int:
     from billing_hooks.service import main
+    from spawner.catalog import Catalog
 
-    _c, settings = _load(args)
-    main(settings)
+    c, settings = _load(args)
+    main(settings, Catalog(config=c))
     return 0
 
 

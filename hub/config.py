@@ -78,6 +78,13 @@ def load_site_config(path: str | os.PathLike | None, cwd: str | None = None) -> 
     problems = validation_errors(site)
     if not problems:
         for slug, profile in (site.get("profiles") or {}).items():
+            if slug == "debug" and "passes" in profile:
+                problems.append("profiles.debug.passes: debug mode has no passes")
+            for period, price in (profile.get("passes") or {}).items():
+                try:
+                    parse_price(price, f"profiles.{slug}.passes.{period}")
+                except ValueError as e:
+                    problems.append(str(e))
             if "price_per_hour" in profile:
                 try:
                     parse_price(profile["price_per_hour"], f"profiles.{slug}.price_per_hour")
@@ -154,6 +161,11 @@ def apply_config(site: dict, c: Config) -> Config:
     c.Spawner.pre_spawn_hook = hooks.authorize_spawn
     c.Spawner.post_stop_hook = hooks.settle_stop
 
+    c.Catalog.pass_prices = {
+        slug: {period: str(price) for period, price in profile["passes"].items()}
+        for slug, profile in site["profiles"].items()
+        if profile.get("passes")
+    }
     c.Catalog.prices = {
         slug: str(parse_price(profile["price_per_hour"], f"profiles.{slug}.price_per_hour"))
         for slug, profile in site["profiles"].items()

@@ -6,7 +6,7 @@ Every backend, the spawn form and billing read profiles from here; nothing else 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from decimal import Decimal, InvalidOperation
+from decimal import ROUND_HALF_UP, Decimal, InvalidOperation
 
 from traitlets import Dict, Unicode
 from traitlets.config import LoggingConfigurable
@@ -76,6 +76,13 @@ DEBUG_CPU = 2
 DEBUG_MEMORY_GIB = 8
 
 PROFILE_SLUGS: tuple[str, ...] = (DEBUG, *GPU_TYPES)
+
+#: period: (seconds, hours of use priced, share of the hourly price), from DESIGN.md
+PASS_PERIODS: dict[str, tuple[int, int, Decimal]] = {
+    "daily": (86_400, 24, Decimal("0.90")),
+    "weekly": (7 * 86_400, 168, Decimal("0.75")),
+    "monthly": (30 * 86_400, 720, Decimal("0.62")),
+}
 
 
 def gpu_type_for_product(product_name: str) -> GpuType | None:
@@ -169,6 +176,36 @@ class Catalog(LoggingConfigurable):
         strings or numbers with at most two decimals in the site currency ("4.50").
         """,
     ).tag(config=True)
+
+    pass_prices = Dict(
+        key_trait=Unicode(),
+        help="""
+        Pass prices per GPU by GPU profile and period, overriding the defaults, e.g.
+        `{"a800": {"monthly": "2000.00"}}`. Defaults: a daily pass costs 90% of 24 h at the
+        hourly rate, weekly 75% of 168 h, monthly 62% of 720 h.
+        """,
+    ).tag(config=True)
+
+    def pass_price(self, slug: str, gpus: int, period: str) -> Decimal:
+        """What a `period` pass for `gpus` GPUs of profile `slug` costs."""
+        profile = self.profiles().get(slug)
+        if profile is None or profile.is_debug:
+            raise InvalidChoice(
+                f"Passes are for GPU profiles ({', '.join(GPU_TYPES)}), not {slug!r}"
+            )
+        if period not in PASS_PERIODS:
+            raise InvalidChoice(f"Unknown period {period!r}; choose {', '.join(PASS_PERIODS)}")
+        if gpus not in profile.counts:
+            raise InvalidChoice(f"'gpus' must be one of {', '.join(map(str, profile.counts))}")
+        configured = self.pass_prices.get(slug, {}).get(period)
+        if configured is not None:
+            per_gpu = parse_price(configured, f"profiles.{slug}.passes.{period}")
+        else:
+            hours, share = PASS_PERIODS[period][1], PASS_PERIODS[period][2]
+            per_gpu = (profile.price_per_hour * hours * share).quantize(
+                Decimal("0.01"), rounding=ROUND_HALF_UP
+            )
+        return per_gpu * gpus
 
     def profiles(self) -> dict[str, Profile]:
         unknown = set(self.prices) - set(PROFILE_SLUGS)

@@ -83,3 +83,42 @@ def test_no_token_no_data_and_openapi_is_served(api_hub):
     assert "balance" not in r.text
     spec = requests.get(f"{api_hub.url}/services/billing/api/v1/openapi.json", timeout=30).json()
     assert spec["openapi"].startswith("3.") and "/users/{name}/grants" in spec["paths"]
+
+
+def test_buying_a_pass_from_the_wallet(api_hub):
+    amy = user_token(api_hub, "amy")
+    r = billing(api_hub, "GET", "/users/amy/passes", amy)
+    assert r.status_code == 200
+    offers = {(o["profile"], o["gpus"], o["period"]): o["price"] for o in r.json()["offers"]}
+    assert (
+        offers[("a800", 1, "daily")] == "97.20" and offers[("rtx4090", 2, "monthly")] == "1116.00"
+    )
+    broke = billing(
+        api_hub,
+        "POST",
+        "/users/amy/passes",
+        amy,
+        json={"profile": "a800", "gpus": "1", "period": "daily"},
+    )
+    assert broke.status_code == 402 and "Top up first" in broke.json()["message"]
+    for body, why in [
+        ({"profile": "debug", "gpus": "1", "period": "daily"}, "no GPUs"),
+        ({"profile": "a800", "gpus": "3", "period": "daily"}, "must be one of"),
+        ({"profile": "a800", "gpus": "1", "period": "yearly"}, "Unknown period"),
+    ]:
+        r = billing(api_hub, "POST", "/users/amy/passes", amy, json=body)
+        assert r.status_code == 400 and why in r.json()["message"], r.text
+    cheap = {"profile": "rtx4090", "gpus": "1", "period": "daily", "key": "k1"}
+    assert billing(api_hub, "POST", "/users/ben/passes", amy, json=cheap).status_code == 403
+    billing(
+        api_hub, "POST", "/users/amy/grants", ADMIN_TOKEN, json={"amount": "20", "key": "g-amy"}
+    )
+    r = billing(api_hub, "POST", "/users/amy/passes", amy, json=cheap)
+    assert r.status_code == 201, r.text
+    assert r.json()["price"] == "27.00" and r.json()["period"] == "daily"
+    assert billing(api_hub, "GET", "/wallet", amy).json()["balance"] == "3.00"
+    assert (
+        billing(api_hub, "POST", "/users/amy/passes", amy, json=cheap).status_code == 201
+    )  # retry
+    assert billing(api_hub, "GET", "/wallet", amy).json()["balance"] == "3.00"
+    assert len(billing(api_hub, "GET", "/users/amy/passes", amy).json()["passes"]) == 1

@@ -159,3 +159,42 @@ def test_migrations_create_the_schema_and_mismatch_is_refused(ledger_url):
         conn.execute(text("UPDATE alembic_version SET version_num = 'f00'"))
     with pytest.raises(SchemaMismatch, match="meterhub billing upgrade-db"):
         connect(url)
+
+
+DAY = 86_400
+
+
+def test_passes_cover_their_gpus_and_expire_into_the_hourly_rate(make_ledger):
+    ledger, clock = make_ledger(trial_credit_micros=to_micros("100.00"))
+    price = to_micros("97.20")
+    with pytest.raises(InsufficientCredit, match="a daily pass for 2 × A800 costs ¥194.40"):
+        ledger.buy_pass("pia", "a800", 2, "daily", 2 * price, DAY, key="pass:1", label="2 × A800")
+    bought = ledger.buy_pass("pia", "a800", 1, "daily", price, DAY, key="pass:2")
+    assert ledger.buy_pass("pia", "a800", 1, "daily", price, DAY, key="pass:2").id == bought.id
+    assert ledger.balance("pia") == to_micros("2.80")
+    # ¥2.80 would not cover 10 minutes of two A800s, but the pass pays for one
+    auth = ledger.open_session("pia", "", "a800", 1, A800, min_seconds=600)
+    ledger.mark_ready(auth.session_id)
+    clock.advance(DAY - 100)
+    ledger.charge(auth.session_id, clock.now)
+    assert ledger.balance("pia") == to_micros("2.80")  # covered: free
+    clock.advance(400)  # the pass ends 100 s into this window
+    ledger.charge(auth.session_id, clock.now)
+    assert ledger.balance("pia") == to_micros("2.80") - (
+        accrued(A800, DAY + 300) - accrued(A800, DAY)
+    )
+    assert ledger.audit() == []
+    # debug mode is never covered by a GPU pass, and a pass does not cover more GPUs
+    with pytest.raises(InsufficientCredit):
+        ledger.open_session("pia", "big", "a800", 2, 2 * A800, min_seconds=3600)
+
+
+def test_a_second_pass_starts_when_the_first_ends(make_ledger):
+    ledger, clock = make_ledger(trial_credit_micros=to_micros("300.00"))
+    first = ledger.buy_pass("qi", "a800", 1, "daily", to_micros("97.20"), DAY, key="p:1")
+    clock.advance(3600)
+    second = ledger.buy_pass("qi", "a800", 1, "daily", to_micros("97.20"), DAY, key="p:2")
+    assert second.starts_at == first.ends_at and second.ends_at == first.ends_at + DAY
+    assert [p.id for p in ledger.passes("qi", valid_at=clock.now)] == [first.id]
+    with pytest.raises(KeyConflict):
+        ledger.buy_pass("qi", "a800", 1, "daily", to_micros("1.00"), DAY, key="p:1")

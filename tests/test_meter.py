@@ -107,3 +107,19 @@ async def test_overshoot_is_at_most_rate_times_interval_plus_stop_latency(offset
     overshoot = -ledger.balance("di")
     assert 0 <= overshoot <= accrued(rate, meter.interval_seconds + stop_latency)
     assert ledger.audit() == []
+
+
+async def test_a_pass_holder_is_not_stopped_until_the_pass_ends():
+    ledger, clock, hub, meter = setup(trial_credit_micros=to_micros("97.20"))
+    ledger.buy_pass("eve", "a800", 1, "daily", to_micros("97.20"), 86_400, key="p:1")
+    assert ledger.balance("eve") == 0
+    start(ledger, hub, "eve", A800)
+    for _ in range(3):
+        clock.advance(3600)
+        assert (await meter.tick()).to_stop == []
+    clock.advance(86_400)  # the pass ended 75,600 s ago into this window: now it costs
+    result = await meter.tick()
+    assert result.to_stop == [("eve", "")]
+    kinds = [n.kind for n in ledger.notifications("eve")]
+    assert kinds[0] == "pass-ended" and kinds[-1] == "stopped"
+    assert ledger.audit() == []

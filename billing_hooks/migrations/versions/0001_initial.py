@@ -35,6 +35,7 @@ def upgrade() -> None:
         sa.Column("price_micros", sa.BigInteger(), nullable=False),
         sa.Column("starts_at", sa.BigInteger(), nullable=False),
         sa.Column("ends_at", sa.BigInteger(), nullable=False),
+        sa.Column("entry_key", sa.String(200), nullable=False, unique=True),
     )
     op.create_table(
         "sessions",
