@@ -11,6 +11,7 @@ import asyncio
 import json
 import logging
 import os
+import signal
 from decimal import Decimal
 from urllib.parse import urlparse
 
@@ -64,7 +65,29 @@ async def run(settings: BillingSettings, catalog) -> None:
     await meter.run_forever()
 
 
+def _die_with_the_hub() -> None:
+    """Exit when the hub that started us dies (even by SIGKILL): an orphaned meter would hold
+    the service port and keep a stale token, and the restarted hub starts a fresh one."""
+    parent = os.getppid()
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        pr_set_pdeathsig = 1
+        libc.prctl(pr_set_pdeathsig, signal.SIGTERM)
+    except (OSError, AttributeError):
+        log.warning("Cannot ask to be stopped with the hub (no prctl)")
+    if os.getppid() != parent:  # the hub died before prctl took effect
+        raise SystemExit(0)
+
+
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt
+
+
 def main(settings: BillingSettings, catalog) -> None:
+    _die_with_the_hub()
+    signal.signal(signal.SIGTERM, _interrupt)
     try:
         asyncio.run(run(settings, catalog))
     except KeyboardInterrupt:  # the hub stops its services with SIGINT

@@ -1,0 +1,76 @@
+"""Crash safety with real processes: kill the meter mid-pass and the hub mid-session.
+
+Afterwards the session's charges must add up to exactly floor(rate × run time): nothing
+lost while a process was down, nothing doubled when it came back, and the audit clean.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+
+from billing_hooks.db import connect
+from billing_hooks.ledger import Ledger
+from billing_hooks.money import accrued, to_micros
+from billing_hooks.orm import Entry, MeteredSession
+
+from .hubprocess import until
+
+RATE = to_micros("36.00")
+
+
+def billing_service_pids(hub) -> list[int]:
+    pids = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                cmdline = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if b"service" in cmdline and str(hub.config_path).encode() in cmdline:
+                pids.append(int(entry))
+    return pids
+
+
+def charges(ledger) -> int:
+    with ledger.begin() as db:
+        return db.query(Entry).filter(Entry.kind == "charge").count()
+
+
+def test_killing_the_meter_and_the_hub_loses_and_doubles_nothing(hub_factory):
+    hub = hub_factory(
+        {
+            "gpus": [],
+            "profiles": {"debug": {"price_per_hour": "36.00"}},
+            "billing": {"trial_credit": "100.00", "meter_interval_seconds": 1},
+        },
+        name="crash",
+    )
+    ledger = Ledger(connect(f"sqlite:///{hub.data_dir}/billing.sqlite"))
+    hub.spawn("kit", {"profile": "debug"})
+    until(lambda: charges(ledger) >= 2, "the meter to charge")
+
+    # 1. the meter dies mid-run; the hub starts it again
+    (meter,) = until(lambda: billing_service_pids(hub), "the billing service")
+    os.kill(meter, signal.SIGKILL)
+    until(lambda: (p := billing_service_pids(hub)) and p != [meter], "a new billing service")
+    seen = charges(ledger)
+    until(lambda: charges(ledger) > seen + 1, "the new meter to charge")
+
+    # 2. the hub dies without any cleanup; its meter goes with it; the server runs on
+    hub.stop(signal.SIGKILL)
+    until(lambda: not billing_service_pids(hub), "the orphaned meter to exit")
+    hub.start()
+    assert hub.server("kit")["ready"], "the server kept running through the hub crash"
+    seen = charges(ledger)
+    until(lambda: charges(ledger) > seen, "metering to resume after the restart")
+
+    hub.stop_server("kit")
+    with ledger.begin() as db:
+        (session,) = db.query(MeteredSession).filter_by(user_name="kit").all()
+    assert session.stopped_at is not None
+    ran = session.stopped_at - session.ready_at
+    assert ran >= 3
+    assert ledger.balance("kit") == to_micros("100.00") - accrued(RATE, ran)
+    assert ledger.audit() == []
