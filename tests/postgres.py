@@ -51,18 +51,16 @@ class PostgresCluster:
         self._run(
             _bin("initdb"), "-D", str(self.data), "-U", "postgres", "--auth=trust", "-E", "UTF8"
         )
+        self.resume()
+
+    def pause(self) -> None:
+        """Stop the server but keep its data: a database outage."""
+        self._run(_bin("pg_ctl"), "-D", str(self.data), "-m", "fast", "-w", "stop")
+
+    def resume(self) -> None:
         options = f"-p {self.port} -c listen_addresses=127.0.0.1 -k {self.workdir} -c fsync=off"
-        self._run(
-            _bin("pg_ctl"),
-            "-D",
-            str(self.data),
-            "-o",
-            options,
-            "-l",
-            str(self.workdir / "pg.log"),
-            "-w",
-            "start",
-        )
+        log = str(self.workdir / "pg.log")
+        self._run(_bin("pg_ctl"), "-D", str(self.data), "-o", options, "-l", log, "-w", "start")
 
     def stop(self) -> None:
         if self.data.exists():

@@ -74,3 +74,45 @@ def test_killing_the_meter_and_the_hub_loses_and_doubles_nothing(hub_factory):
     assert ran >= 3
     assert ledger.balance("kit") == to_micros("100.00") - accrued(RATE, ran)
     assert ledger.audit() == []
+
+
+def test_a_database_outage_refuses_spawns_and_metering_catches_up(hub_factory):
+    from .postgres import PostgresCluster
+
+    cluster = PostgresCluster()  # its own cluster: this test takes it down
+    cluster.start()
+    try:
+        url = cluster.new_database()
+        hub = hub_factory(
+            {
+                "gpus": [],
+                "profiles": {"debug": {"price_per_hour": "36.00"}},
+                "billing": {"db_url": url, "trial_credit": "100.00", "meter_interval_seconds": 1},
+            },
+            name="outage",
+        )
+        ledger = Ledger(connect(url))
+        hub.spawn("oda", {"profile": "debug"})
+        until(lambda: charges(ledger) >= 1, "the meter to charge")
+
+        cluster.pause()
+        hub.ensure_user("pax")
+        r = hub.api("POST", "/users/pax/server", json={"profile": "debug"})
+        assert r.status_code == 503, r.text
+        assert "Billing is unavailable" in r.json()["message"]
+        assert "Running servers are not affected" in r.json()["message"]
+        assert hub.server("oda")["ready"], "a running server is left alone"
+
+        cluster.resume()
+        ledger.engine.dispose()
+        seen = charges(ledger)
+        until(lambda: charges(ledger) > seen, "metering to catch up")
+        hub.stop_server("oda")
+        with ledger.begin() as db:
+            (session,) = db.query(MeteredSession).filter_by(user_name="oda").all()
+        ran = session.stopped_at - session.ready_at
+        assert ledger.balance("oda") == to_micros("100.00") - accrued(RATE, ran)
+        assert ledger.audit() == []
+        hub.teardown()
+    finally:
+        cluster.stop()
