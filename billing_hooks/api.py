@@ -31,6 +31,7 @@ from .money import (
     to_micros,
 )
 from .orm import Entry, MeteredSession
+from .settings import priced_catalog
 
 MAX_PAGE = 500
 
@@ -140,6 +141,10 @@ class BillingHandler(HubOAuthenticated, web.RequestHandler):
             return
         if not self.is_admin():
             raise web.HTTPError(403, "You can only see your own wallet")
+
+    async def catalog(self):
+        """The catalog at today's prices (the site's, with admins' changes applied)."""
+        return await asyncio.to_thread(priced_catalog, self.settings["config"], self.ledger)
 
     def json_body(self) -> dict:
         try:
@@ -259,18 +264,14 @@ def _pass_json(held) -> dict:
 class PassesHandler(BillingHandler):
     """A user's passes and what they can buy; buying takes the price from the catalog."""
 
-    @property
-    def catalog(self):
-        return self.settings["catalog"]
-
-    def offers(self) -> list[dict]:
+    def offers(self, catalog) -> list[dict]:
         offers = []
-        for slug, profile in self.catalog.profiles().items():
+        for slug, profile in catalog.profiles().items():
             if profile.is_debug:
                 continue
             for gpus in profile.counts:
                 for period in PASS_PERIODS:
-                    price = self.catalog.pass_price(slug, gpus, period)
+                    price = catalog.pass_price(slug, gpus, period)
                     offers.append(
                         {"profile": slug, "gpus": gpus, "period": period, "price": str(price)}
                     )
@@ -280,16 +281,18 @@ class PassesHandler(BillingHandler):
     async def get(self, name):
         self.check_user(name)
         held = await asyncio.to_thread(self.ledger.passes, name)
-        self.send({"passes": [_pass_json(p) for p in held], "offers": self.offers()})
+        catalog = await self.catalog()
+        self.send({"passes": [_pass_json(p) for p in held], "offers": self.offers(catalog)})
 
     @web.authenticated
     async def post(self, name):
         self.check_user(name)
         body = self.json_body()
+        catalog = await self.catalog()
         try:
-            choice = self.catalog.parse({"profile": body.get("profile"), "gpus": body.get("gpus")})
+            choice = catalog.parse({"profile": body.get("profile"), "gpus": body.get("gpus")})
             period = body.get("period")
-            price = self.catalog.pass_price(choice.profile.slug, choice.gpus, period)
+            price = catalog.pass_price(choice.profile.slug, choice.gpus, period)
         except InvalidChoice as e:
             raise web.HTTPError(400, "%s", str(e)) from None
         key = body.get("key") or str(uuid.uuid4())
@@ -312,6 +315,45 @@ class PassesHandler(BillingHandler):
         except KeyConflict:
             raise web.HTTPError(409, "That key was already used for a different purchase") from None
         self.send(_pass_json(held), status=201)
+
+
+class PricesHandler(BillingHandler):
+    """Prices per hour (per GPU-hour for GPU profiles); admins change them for new sessions."""
+
+    @web.authenticated
+    async def get(self):
+        catalog = await self.catalog()
+        overrides = await asyncio.to_thread(self.ledger.price_overrides)
+        self.send(
+            {
+                "currency": self.ledger.currency,
+                "prices": {
+                    slug: {
+                        "price_per_hour": str(profile.price_per_hour),
+                        "per": "hour" if profile.is_debug else "GPU-hour",
+                        "set_by_admin": slug in overrides,
+                    }
+                    for slug, profile in catalog.profiles().items()
+                },
+            }
+        )
+
+    @web.authenticated
+    async def put(self, slug=None):
+        if not self.is_admin():
+            raise web.HTTPError(403, "Setting prices needs the admin:users scope")
+        catalog = await self.catalog()
+        if slug not in catalog.profiles():
+            raise web.HTTPError(
+                404, "No such profile: %s; known: %s", slug, ", ".join(catalog.profiles())
+            )
+        body = self.json_body()
+        try:
+            micros = parse_amount(body.get("price_per_hour"), maximum=Decimal("1000000"))
+        except AmountError as e:
+            raise web.HTTPError(400, "%s", str(e)) from None
+        await asyncio.to_thread(self.ledger.set_price, slug, micros)
+        self.send({"profile": slug, "price_per_hour": _money(micros)})
 
 
 class OpenAPIHandler(web.RequestHandler):
@@ -413,6 +455,35 @@ def openapi(prefix: str) -> dict:
                     },
                 },
             },
+            "/prices": {"get": {"summary": "Prices per hour by profile", "responses": {"200": ok}}},
+            "/prices/{profile}": {
+                "put": {
+                    "summary": "Set a profile's price for new sessions (admin:users)",
+                    "parameters": [
+                        {
+                            "name": "profile",
+                            "in": "path",
+                            "required": True,
+                            "schema": {"type": "string"},
+                        }
+                    ],
+                    "requestBody": {
+                        "required": True,
+                        "content": {
+                            "application/json": {
+                                "schema": {
+                                    "type": "object",
+                                    "required": ["price_per_hour"],
+                                    "properties": {
+                                        "price_per_hour": {"type": "string", "example": "4.80"}
+                                    },
+                                }
+                            }
+                        },
+                    },
+                    "responses": {"200": ok, **errors},
+                }
+            },
             "/users/{name}/grants": {
                 "post": {
                     "summary": "Grant credit (admin:users)",
@@ -455,4 +526,6 @@ def make_handlers(prefix: str) -> list:
         (url_path_join(api, r"users/([^/]+)/notifications"), NotificationsHandler),
         (url_path_join(api, r"users/([^/]+)/grants"), GrantHandler),
         (url_path_join(api, r"users/([^/]+)/passes"), PassesHandler),
+        (url_path_join(api, "prices"), PricesHandler),
+        (url_path_join(api, r"prices/([^/]+)"), PricesHandler),
     ]

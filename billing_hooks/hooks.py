@@ -15,11 +15,11 @@ import time
 from sqlalchemy.exc import DBAPIError
 from tornado import web
 
-from spawner.catalog import Catalog, InvalidChoice
+from spawner.catalog import InvalidChoice
 
 from .ledger import InsufficientCredit
 from .money import to_micros
-from .settings import BillingSettings
+from .settings import BillingSettings, priced_catalog
 
 BILLING_DOWN = (
     "Billing is unavailable right now (its database does not answer), so no new server can"
@@ -32,13 +32,18 @@ def _settings(spawner) -> BillingSettings:
 
 
 async def authorize_spawn(spawner) -> None:
-    try:
-        choice = Catalog(config=spawner.config).parse(spawner.user_options)
-    except InvalidChoice as e:
-        raise web.HTTPError(400, str(e), reason="Invalid profile") from None
     settings = _settings(spawner)
     try:
         ledger = settings.ledger()
+        catalog = await asyncio.to_thread(priced_catalog, spawner.config, ledger)
+    except DBAPIError:
+        spawner.log.exception("Ledger database error while pricing %s", spawner._log_name)
+        raise web.HTTPError(503, BILLING_DOWN, reason="Billing unavailable") from None
+    try:
+        choice = catalog.parse(spawner.user_options)
+    except InvalidChoice as e:
+        raise web.HTTPError(400, str(e), reason="Invalid profile") from None
+    try:
         auth = await asyncio.to_thread(
             ledger.open_session,
             spawner.user.name,

@@ -19,7 +19,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from .clock import utcnow
 from .money import MICROS, accrued, format_money, window_charge
-from .orm import Entry, MeteredSession, Notification, Pass, Wallet
+from .orm import Entry, MeteredSession, Notification, Pass, Price, Wallet
 
 
 class LedgerError(Exception):
@@ -418,6 +418,24 @@ class Ledger:
             if valid_at is not None:
                 query = query.where(Pass.starts_at <= valid_at, Pass.ends_at > valid_at)
             return list(db.scalars(query.order_by(Pass.id)))
+
+    # ------------------------------------------------------------------ prices
+
+    def set_price(self, profile: str, micros_per_hour: int) -> None:
+        """An admin's price for new sessions of a profile (running ones keep their rate)."""
+        with self.begin() as db:
+            row = db.get(Price, profile)
+            if row is None:
+                db.add(
+                    Price(profile=profile, micros_per_hour=micros_per_hour, updated_at=self.clock())
+                )
+            else:
+                row.micros_per_hour = micros_per_hour
+                row.updated_at = self.clock()
+
+    def price_overrides(self) -> dict[str, int]:
+        with self.begin() as db:
+            return {row.profile: row.micros_per_hour for row in db.scalars(select(Price))}
 
     # ------------------------------------------------------------------ notifications
 

@@ -30,19 +30,19 @@ class HealthHandler(web.RequestHandler):
         self.finish(json.dumps({"ok": True}))
 
 
-def make_app(prefix: str, ledger, max_grant: Decimal, hub: HubClient, catalog) -> web.Application:
+def make_app(prefix: str, ledger, max_grant: Decimal, hub: HubClient, config) -> web.Application:
     return web.Application(
         [(rf"{prefix}api/v1/health", HealthHandler), *make_handlers(prefix)],
         ledger=ledger,
         max_grant=max_grant,
         user_exists=hub.user_exists,
         prefix=prefix,
-        catalog=catalog,
+        config=config,
         cookie_secret=os.urandom(32),  # OAuth state only; users sign in again after a restart
     )
 
 
-async def run(settings: BillingSettings, catalog) -> None:
+async def run(settings: BillingSettings, config) -> None:
     logging.basicConfig(
         level=logging.INFO, format="[%(levelname)1.1s %(asctime)s billing] %(message)s"
     )
@@ -56,7 +56,7 @@ async def run(settings: BillingSettings, catalog) -> None:
     )
     service_url = urlparse(os.environ.get("JUPYTERHUB_SERVICE_URL", "http://127.0.0.1:8082"))
     prefix = os.environ.get("JUPYTERHUB_SERVICE_PREFIX", "/services/billing/")
-    make_app(prefix, ledger, Decimal(settings.max_grant), hub, catalog).listen(
+    make_app(prefix, ledger, Decimal(settings.max_grant), hub, config).listen(
         service_url.port, service_url.hostname
     )
     log.info(
@@ -85,10 +85,10 @@ def _interrupt(signum, frame):
     raise KeyboardInterrupt
 
 
-def main(settings: BillingSettings, catalog) -> None:
+def main(settings: BillingSettings, config) -> None:
     _die_with_the_hub()
     signal.signal(signal.SIGTERM, _interrupt)
     try:
-        asyncio.run(run(settings, catalog))
+        asyncio.run(run(settings, config))
     except KeyboardInterrupt:  # the hub stops its services with SIGINT
         log.info("Billing service stopped")

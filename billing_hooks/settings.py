@@ -10,7 +10,7 @@ from traitlets.config import LoggingConfigurable
 
 from .db import connect
 from .ledger import Ledger
-from .money import to_micros
+from .money import from_micros, to_micros
 
 
 class BillingSettings(LoggingConfigurable):
@@ -57,3 +57,17 @@ class BillingSettings(LoggingConfigurable):
 @functools.cache
 def _engine(db_url: str):
     return connect(db_url)
+
+
+def priced_catalog(config, ledger: Ledger):
+    """The catalog with the admins' price changes (kept in the ledger) applied (blocking)."""
+    from spawner.catalog import Catalog
+
+    catalog = Catalog(config=config)
+    overrides = ledger.price_overrides()
+    if overrides:
+        catalog.prices = {
+            **catalog.prices,
+            **{p: str(from_micros(m)) for p, m in overrides.items()},
+        }
+    return catalog

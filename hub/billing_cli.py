@@ -153,10 +153,9 @@ def upgrade_db(args) -> int:
 
 def service(args) -> int:
     from billing_hooks.service import main
-    from spawner.catalog import Catalog
 
     c, settings = _load(args)
-    main(settings, Catalog(config=c))
+    main(settings, c)
     return 0
 
 

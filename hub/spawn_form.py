@@ -17,8 +17,8 @@ from billing_hooks.money import (
     seconds_covered,
     to_micros,
 )
-from billing_hooks.settings import BillingSettings
-from spawner.catalog import Catalog, Choice
+from billing_hooks.settings import BillingSettings, priced_catalog
+from spawner.catalog import Choice
 from spawner.form import render_options_form
 
 
@@ -37,11 +37,12 @@ async def options_form(spawner) -> str:
     settings = BillingSettings(config=spawner.config)
     ledger = settings.ledger()
     balance = await asyncio.to_thread(ledger.ensure_user, spawner.user.name)
+    catalog = await asyncio.to_thread(priced_catalog, spawner.config, ledger)
     available = balance + ledger.overdraft_micros
     allocator = getattr(spawner, "allocator", None)
     availability = await asyncio.to_thread(allocator.availability) if allocator else None
     return render_options_form(
-        Catalog(config=spawner.config),
+        catalog,
         availability,
         currency_symbol=CURRENCY_SYMBOLS.get(settings.currency, settings.currency + " "),
         annotate=credit_annotation(available, settings.min_seconds_to_start),

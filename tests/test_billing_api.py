@@ -122,3 +122,23 @@ def test_buying_a_pass_from_the_wallet(api_hub):
     )  # retry
     assert billing(api_hub, "GET", "/wallet", amy).json()["balance"] == "3.00"
     assert len(billing(api_hub, "GET", "/users/amy/passes", amy).json()["passes"]) == 1
+
+
+def test_admins_set_prices_for_new_sessions(api_hub):
+    amy = user_token(api_hub, "amy")
+    prices = billing(api_hub, "GET", "/prices", amy).json()["prices"]
+    assert prices["a800"] == {"price_per_hour": "4.50", "per": "GPU-hour", "set_by_admin": False}
+    r = billing(api_hub, "PUT", "/prices/a800", amy, json={"price_per_hour": "5.00"})
+    assert r.status_code == 403
+    assert billing(api_hub, "PUT", "/prices/a100", ADMIN_TOKEN, json={"price_per_hour": "1"}).status_code == 404
+    bad = billing(api_hub, "PUT", "/prices/a800", ADMIN_TOKEN, json={"price_per_hour": "4.555"})
+    assert bad.status_code == 400 and "decimals" in bad.json()["message"]
+    r = billing(api_hub, "PUT", "/prices/debug", ADMIN_TOKEN, json={"price_per_hour": "0.20"})
+    assert r.status_code == 200
+    prices = billing(api_hub, "GET", "/prices", amy).json()["prices"]
+    assert prices["debug"] == {"price_per_hour": "0.20", "per": "hour", "set_by_admin": True}
+    # a new session captures the new price
+    api_hub.spawn("amy", {"profile": "debug"})
+    running = billing(api_hub, "GET", "/wallet", amy).json()["running"]
+    assert [s["rate_per_hour"] for s in running] == ["0.20"]
+    api_hub.stop_server("amy")
