@@ -103,3 +103,8 @@ async def settle_stop(spawner) -> None:
         return
     if closed:
         spawner.log.info("Settled billing sessions %s of %s", closed, spawner._log_name)
+
+
+async def gpu_reservations(spawner) -> dict[str, dict[str, int]]:
+    """GPUs the local allocator keeps for pass holders: {gpu type: {user: count}}."""
+    return await asyncio.to_thread(_settings(spawner).ledger().reservations)

@@ -409,6 +409,21 @@ class Ledger:
             ).all()
             return passes[0] if passes else None
 
+    def reservations(self, at: int | None = None) -> dict[str, dict[str, int]]:
+        """{gpu type: {user: GPUs}} reserved by passes valid at `at`, for the local allocator."""
+        at = self.clock() if at is None else at
+        result: dict[str, dict[str, int]] = {}
+        with self.begin() as db:
+            rows = db.execute(
+                select(Wallet.owner_name, Pass.profile, Pass.gpus)
+                .join(Wallet, Wallet.id == Pass.wallet_id)
+                .where(Wallet.owner_kind == "user", Pass.starts_at <= at, Pass.ends_at > at)
+            )
+            for user, profile, gpus in rows:
+                users = result.setdefault(profile, {})
+                users[user] = users.get(user, 0) + gpus
+        return result
+
     def passes(self, user: str, valid_at: int | None = None) -> list[Pass]:
         with self.begin() as db:
             wallet = self._wallet(db, user)

@@ -158,6 +158,7 @@ def apply_config(site: dict, c: Config) -> Config:
         if key in billing:
             setattr(c.BillingSettings, key, str(billing[key]))
     c.Spawner.options_form = spawn_form.options_form
+    c.LocalGPUSpawner.gpu_reservations = hooks.gpu_reservations
     c.Spawner.pre_spawn_hook = hooks.authorize_spawn
     c.Spawner.post_stop_hook = hooks.settle_stop
 

@@ -39,8 +39,12 @@ async def options_form(spawner) -> str:
     balance = await asyncio.to_thread(ledger.ensure_user, spawner.user.name)
     catalog = await asyncio.to_thread(priced_catalog, spawner.config, ledger)
     available = balance + ledger.overdraft_micros
-    allocator = getattr(spawner, "allocator", None)
-    availability = await asyncio.to_thread(allocator.availability) if allocator else None
+    availability = None
+    if hasattr(spawner, "allocator"):  # the local backend knows what is free
+        reserved = await spawner.current_reservations()
+        availability = await asyncio.to_thread(
+            spawner.allocator.availability, spawner.user.name, reserved
+        )
     return render_options_form(
         catalog,
         availability,

@@ -21,7 +21,8 @@ CREATE TABLE IF NOT EXISTS gpu_allocation (
     gpu_index INTEGER PRIMARY KEY,
     gpu_type TEXT NOT NULL,
     owner TEXT NOT NULL,
-    allocated_at TEXT NOT NULL
+    allocated_at TEXT NOT NULL,
+    holder TEXT NOT NULL DEFAULT ''
 );
 CREATE INDEX IF NOT EXISTS gpu_allocation_owner ON gpu_allocation (owner);
 """
@@ -39,6 +40,9 @@ class GpuAllocator:
         with closing(sqlite3.connect(self.db_path, timeout=30)) as db:
             db.execute("PRAGMA journal_mode=WAL")
             db.executescript(SCHEMA)
+            columns = {row[1] for row in db.execute("PRAGMA table_info(gpu_allocation)")}
+            if "holder" not in columns:  # a table from before reservations
+                db.execute("ALTER TABLE gpu_allocation ADD COLUMN holder TEXT NOT NULL DEFAULT ''")
 
     @contextmanager
     def _transaction(self):
@@ -62,9 +66,18 @@ class GpuAllocator:
     def _taken(self, db) -> set[int]:
         return {i for (i,) in db.execute("SELECT gpu_index FROM gpu_allocation")}
 
-    def allocate(self, owner: str, gpu_type: str, count: int) -> list[Gpu]:
-        """Give `owner` `count` GPUs of `gpu_type`, exclusively.
+    def allocate(
+        self,
+        owner: str,
+        gpu_type: str,
+        count: int,
+        holder: str = "",
+        reserved: dict[str, int] | None = None,
+    ) -> list[Gpu]:
+        """Give `owner` (a server of user `holder`) `count` GPUs of `gpu_type`, exclusively.
 
+        `reserved` maps users to how many GPUs of this type are reserved for them (pass
+        holders): what they reserved and do not use is not free for anyone else.
         Idempotent: an owner that already holds exactly such an allocation gets it back;
         an owner holding something else (a stale allocation) has it replaced.
         """
@@ -76,17 +89,34 @@ class GpuAllocator:
             taken = self._taken(db)
             of_type = [gpu for gpu in self.inventory if gpu.type == gpu_type]
             free = [gpu for gpu in of_type if gpu.index not in taken]
-            if len(free) < count:
+            held_back = self._held_back(db, gpu_type, holder, reserved or {})
+            if len(free) - held_back < count:
                 name = GPU_TYPES[gpu_type].display_name if gpu_type in GPU_TYPES else gpu_type
-                raise NotEnoughGpus(_shortage_message(name, count, len(free), len(of_type)))
+                raise NotEnoughGpus(
+                    _shortage_message(name, count, max(0, len(free) - held_back), len(of_type))
+                    + (f" ({held_back} reserved for pass holders)" if held_back else "")
+                )
             chosen = free[:count]
             now = datetime.now(UTC).isoformat()
             db.executemany(
-                "INSERT INTO gpu_allocation (gpu_index, gpu_type, owner, allocated_at)"
-                " VALUES (?, ?, ?, ?)",
-                [(gpu.index, gpu.type, owner, now) for gpu in chosen],
+                "INSERT INTO gpu_allocation (gpu_index, gpu_type, owner, allocated_at, holder)"
+                " VALUES (?, ?, ?, ?, ?)",
+                [(gpu.index, gpu.type, owner, now, holder) for gpu in chosen],
             )
             return chosen
+
+    def _held_back(self, db, gpu_type: str, holder: str, reserved: dict[str, int]) -> int:
+        """GPUs of a type reserved for other users and not in use by them."""
+        in_use: dict[str, int] = {}
+        for (user,) in db.execute(
+            "SELECT holder FROM gpu_allocation WHERE gpu_type = ?", (gpu_type,)
+        ):
+            in_use[user] = in_use.get(user, 0) + 1
+        return sum(
+            max(0, count - in_use.get(user, 0))
+            for user, count in reserved.items()
+            if user != holder
+        )
 
     def release(self, owner: str) -> list[int]:
         with self._transaction() as db:
@@ -102,15 +132,24 @@ class GpuAllocator:
         with self._transaction() as db:
             return dict(db.execute("SELECT gpu_index, owner FROM gpu_allocation"))
 
-    def availability(self) -> dict[str, tuple[int, int]]:
-        """(total, free) by GPU type, for every type in the catalog."""
+    def availability(
+        self, holder: str = "", reserved: dict[str, dict[str, int]] | None = None
+    ) -> dict[str, tuple[int, int]]:
+        """(total, free for `holder`) by GPU type, for every type in the catalog."""
         with self._transaction() as db:
             taken = self._taken(db)
+            held_back = {
+                gpu_type: self._held_back(db, gpu_type, holder, users)
+                for gpu_type, users in (reserved or {}).items()
+            }
         result = {slug: (0, 0) for slug in GPU_TYPES}
         for gpu in self.inventory:
             total, free = result.get(gpu.type, (0, 0))
             result[gpu.type] = (total + 1, free + (gpu.index not in taken))
-        return result
+        return {
+            slug: (total, max(0, free - held_back.get(slug, 0)))
+            for slug, (total, free) in result.items()
+        }
 
     def reconcile(self, active_owners: Iterable[str]) -> dict[str, list[int]]:
         """Release allocations of owners that no longer run; return what was released."""

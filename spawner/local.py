@@ -17,9 +17,9 @@ from subprocess import Popen
 
 from escapism import escape
 from jupyterhub.spawner import LocalProcessSpawner
-from jupyterhub.utils import random_port
+from jupyterhub.utils import maybe_future, random_port
 from tornado import web
-from traitlets import Dict, Enum, Instance, Int, List, Unicode, default
+from traitlets import Any, Dict, Enum, Instance, Int, List, Unicode, default
 
 from .allocator import GpuAllocator, NotEnoughGpus
 from .catalog import Catalog, Choice, InvalidChoice
@@ -168,6 +168,20 @@ class LocalGPUSpawner(LocalProcessSpawner):
     def _default_server_env_prefix(self):
         return sys.prefix
 
+    gpu_reservations = Any(
+        None,
+        help="""
+        Optional (async) callable `f(spawner) -> {gpu_type: {user_name: count}}` of GPUs
+        reserved for users (e.g. pass holders): what they reserved and do not use is not
+        handed to anyone else. The hub sets it from billing; the spawner knows no more.
+        """,
+    ).tag(config=True)
+
+    async def current_reservations(self) -> dict[str, dict[str, int]]:
+        if self.gpu_reservations is None:
+            return {}
+        return await maybe_future(self.gpu_reservations(self))
+
     catalog = Instance(Catalog)
 
     @default("catalog")
@@ -269,8 +283,14 @@ class LocalGPUSpawner(LocalProcessSpawner):
         if not choice.profile.is_debug:
             self._progress(10, f"Allocating {choice.label}")
             try:
+                reserved = await self.current_reservations()
                 gpus = await asyncio.to_thread(
-                    self.allocator.allocate, self.owner_key, choice.profile.slug, choice.gpus
+                    self.allocator.allocate,
+                    self.owner_key,
+                    choice.profile.slug,
+                    choice.gpus,
+                    self.user.name,
+                    reserved.get(choice.profile.slug, {}),
                 )
             except NotEnoughGpus as e:
                 raise web.HTTPError(409, str(e), reason="GPUs unavailable") from None
@@ -528,5 +548,8 @@ def _apply_catalog_options(spawner: LocalGPUSpawner, user_options: dict) -> None
 
 
 async def _options_form(spawner: LocalGPUSpawner) -> str:
-    availability = await asyncio.to_thread(lambda: spawner.allocator.availability())
+    reserved = await spawner.current_reservations()
+    availability = await asyncio.to_thread(
+        spawner.allocator.availability, spawner.user.name, reserved
+    )
     return render_options_form(spawner.catalog, availability)

@@ -78,3 +78,19 @@ def test_concurrent_allocations_never_share_a_gpu(db):
         t.join()
     taken = [i for indices in results.values() for i in indices]
     assert sorted(taken) == [0, 1, 2, 3] and len(errors) == 4
+
+
+def test_reserved_gpus_are_kept_for_their_holder(db):
+    alloc = GpuAllocator(db, INVENTORY)  # 4 × A800
+    reserved = {"holder": 2}
+    with pytest.raises(NotEnoughGpus, match=r"2 reserved for pass holders"):
+        alloc.allocate("1/", "a800", 4, holder="other", reserved=reserved)
+    assert len(alloc.allocate("1/", "a800", 2, holder="other", reserved=reserved)) == 2
+    with pytest.raises(NotEnoughGpus, match="All 4 A800 GPUs are in use"):
+        alloc.allocate("2/", "a800", 1, holder="third", reserved=reserved)
+    assert alloc.availability("holder", {"a800": reserved})["a800"] == (4, 2)
+    assert alloc.availability("third", {"a800": reserved})["a800"] == (4, 0)
+    # the holder takes what was kept; once in use, nothing more is held back
+    assert len(alloc.allocate("3/", "a800", 2, holder="holder", reserved=reserved)) == 2
+    alloc.release("1/")
+    assert alloc.availability("third", {"a800": reserved})["a800"] == (4, 2)

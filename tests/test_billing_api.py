@@ -130,7 +130,12 @@ def test_admins_set_prices_for_new_sessions(api_hub):
     assert prices["a800"] == {"price_per_hour": "4.50", "per": "GPU-hour", "set_by_admin": False}
     r = billing(api_hub, "PUT", "/prices/a800", amy, json={"price_per_hour": "5.00"})
     assert r.status_code == 403
-    assert billing(api_hub, "PUT", "/prices/a100", ADMIN_TOKEN, json={"price_per_hour": "1"}).status_code == 404
+    assert (
+        billing(
+            api_hub, "PUT", "/prices/a100", ADMIN_TOKEN, json={"price_per_hour": "1"}
+        ).status_code
+        == 404
+    )
     bad = billing(api_hub, "PUT", "/prices/a800", ADMIN_TOKEN, json={"price_per_hour": "4.555"})
     assert bad.status_code == 400 and "decimals" in bad.json()["message"]
     r = billing(api_hub, "PUT", "/prices/debug", ADMIN_TOKEN, json={"price_per_hour": "0.20"})

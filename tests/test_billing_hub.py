@@ -185,3 +185,35 @@ def test_spawn_page_shows_balance_run_time_and_refusal(billed):
     page = r.content.decode()
     assert "Your balance is ¥1.00" in page and "Top up, or choose debug mode" in page
     assert billed.server("admin") is None
+
+
+def test_a_pass_reserves_its_gpus_for_its_holder(billed):
+    import requests
+
+    billed.ensure_user("res")
+    billed.ensure_user("oth")
+    services = f"{billed.url}/services/billing/api/v1"
+    auth = {"Authorization": f"token {ADMIN_TOKEN}"}
+    r = requests.post(
+        f"{services}/users/res/grants", json={"amount": "100"}, headers=auth, timeout=30
+    )
+    assert r.status_code == 201, r.text
+    r = requests.post(
+        f"{services}/users/res/passes",
+        json={"profile": "a800", "gpus": "1", "period": "daily"},
+        headers=auth,
+        timeout=30,
+    )
+    assert r.status_code == 201, r.text
+    # oth has ¥1.00: enough for 10 minutes of one A800 (¥0.75), but not of two
+    r = billed.api("POST", "/users/oth/server", json={"profile": "a800", "gpus": "1"})
+    assert r.status_code in (201, 202), r.text
+    until(lambda: (s := billed.server("oth")) and s["ready"], "oth's server")
+    # the last free A800 is kept for the pass holder: another user cannot take it
+    billed.ensure_user("ivo")
+    r = billed.api("POST", "/users/ivo/server", json={"profile": "a800", "gpus": "1"})
+    assert r.status_code == 409 and "reserved for pass holders" in r.json()["message"], r.text
+    server = billed.spawn("res", {"profile": "a800", "gpus": "1"})
+    assert len(server["state"]["gpu_indices"]) == 1
+    billed.stop_server("res")
+    billed.stop_server("oth")
