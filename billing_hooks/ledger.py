@@ -13,7 +13,7 @@ from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-from sqlalchemy import func, select, update
+from sqlalchemy import func, insert, select, update
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -36,6 +36,25 @@ class KeyConflict(LedgerError):
 
 class ConcurrentUpdate(LedgerError):
     """Another writer advanced the same session first; the transaction was rolled back."""
+
+
+@dataclass
+class WalletView:
+    """What the meter needs of a wallet after a pass: who, what is left, what pays."""
+
+    user: str
+    balance_micros: int
+    paying: list
+    ended_passes: list
+
+
+CHUNK = 500
+
+
+def _in_chunks(db: Session, query_for, ids: list[int]):
+    """Run a query per chunk of ids (SQLite caps bound parameters); yield every result."""
+    for i in range(0, len(ids), CHUNK):
+        yield from db.scalars(query_for(ids[i : i + CHUNK]))
 
 
 @dataclass(frozen=True)
@@ -259,12 +278,20 @@ class Ledger:
     def charge(self, session_id: int, until: int) -> Entry | None:
         """Charge [metered_through, until) of a session; None when there is nothing to charge."""
         with self.begin() as db:
-            session = db.get(
-                MeteredSession, session_id, with_for_update=True, populate_existing=True
-            )
+            session = self._lock_session(db, session_id)
             if session is None:
                 return None
             return self._charge(db, session, until)
+
+    def _lock_session(self, db: Session, session_id: int) -> MeteredSession | None:
+        """Lock a session's wallet, then the session: every writer locks in this order."""
+        wallet_id = db.scalar(
+            select(MeteredSession.wallet_id).where(MeteredSession.id == session_id)
+        )
+        if wallet_id is None:
+            return None
+        db.execute(select(Wallet.id).where(Wallet.id == wallet_id).with_for_update())
+        return db.get(MeteredSession, session_id, with_for_update=True, populate_existing=True)
 
     def _charge(self, db: Session, session: MeteredSession, until: int) -> Entry | None:
         if session.ready_at is None:
@@ -274,7 +301,13 @@ class Ledger:
         start = session.metered_through
         if end <= start:
             return None
-        amount = window_amount(session, start, end, _covering_passes(db, session))
+        amount = window_amount(
+            session.rate_micros_per_hour,
+            session.ready_at,
+            start,
+            end,
+            _covering_passes(db, session),
+        )
         moved = db.execute(
             update(MeteredSession)
             .where(MeteredSession.id == session.id, MeteredSession.metered_through == start)
@@ -304,9 +337,7 @@ class Ledger:
         """
         at = self.clock() if at is None else at
         with self.begin() as db:
-            session = db.get(
-                MeteredSession, session_id, with_for_update=True, populate_existing=True
-            )
+            session = self._lock_session(db, session_id)
             if session is None or session.stopped_at is not None:
                 return None
             return self._close(db, session, at)
@@ -315,10 +346,18 @@ class Ledger:
         """Close every open session of one server (the hub's post-stop hook)."""
         at = self.clock() if at is None else at
         with self.begin() as db:
-            sessions = list(db.scalars(_open_sessions_of(user, server_name)))
-            for session in sessions:
-                self._close(db, session, at)
-            return [session.id for session in sessions]
+            ids = list(
+                db.scalars(
+                    _open_sessions_of(user, server_name).with_only_columns(MeteredSession.id)
+                )
+            )
+            closed = []
+            for session_id in ids:
+                session = self._lock_session(db, session_id)
+                if session is not None and session.stopped_at is None:
+                    self._close(db, session, at)
+                    closed.append(session_id)
+            return closed
 
     def _close(self, db: Session, session: MeteredSession, at: int) -> Entry | None:
         if session.ready_at is not None:
@@ -326,6 +365,125 @@ class Ledger:
         session.stopped_at = at
         db.flush()
         return self._charge(db, session, at)
+
+    def charge_running(self, session_ids: list[int], now: int) -> dict[int, WalletView]:
+        """Charge many running sessions up to `now` in one transaction (the meter's pass).
+
+        Locks the wallets, then the sessions (the order every writer uses), charges each
+        session's window with its passes' time excluded, notes it ready if the hub could
+        not, and writes all entries, session times and balances together. Returns, per
+        wallet, the balance and the sessions it pays for now (a valid pass pays for others).
+        """
+        if not session_ids:
+            return {}
+        with self.begin() as db:
+            wallet_ids = sorted(
+                set(
+                    _in_chunks(
+                        db,
+                        lambda chunk: select(MeteredSession.wallet_id).where(
+                            MeteredSession.id.in_(chunk)
+                        ),
+                        session_ids,
+                    )
+                )
+            )
+            wallets = {
+                w.id: w
+                for w in _in_chunks(
+                    db,
+                    lambda chunk: (
+                        select(Wallet)
+                        .where(Wallet.id.in_(chunk))
+                        .order_by(Wallet.id)
+                        .with_for_update()
+                        .execution_options(populate_existing=True)
+                    ),
+                    wallet_ids,
+                )
+            }
+            sessions = list(
+                _in_chunks(
+                    db,
+                    lambda chunk: (
+                        select(MeteredSession)
+                        .where(MeteredSession.id.in_(chunk), MeteredSession.stopped_at.is_(None))
+                        .order_by(MeteredSession.id)
+                        .with_for_update()
+                        .execution_options(populate_existing=True)
+                    ),
+                    sorted(session_ids),
+                )
+            )
+            passes: dict[int, list[Pass]] = {}
+            for held in _in_chunks(
+                db, lambda chunk: select(Pass).where(Pass.wallet_id.in_(chunk)), wallet_ids
+            ):
+                passes.setdefault(held.wallet_id, []).append(held)
+            self.fault("session-read")
+            balance = {wid: w.balance_micros for wid, w in wallets.items()}
+            views = {wid: WalletView(w.owner_name, 0, [], []) for wid, w in wallets.items()}
+            entries, session_rows = [], []
+            for session in sessions:
+                ready = session.ready_at if session.ready_at is not None else now
+                start = session.metered_through if session.ready_at is not None else now
+                covering = [
+                    p
+                    for p in passes.get(session.wallet_id, [])
+                    if p.profile == session.profile and p.gpus >= session.gpus
+                ]
+                end = max(start, now)
+                if end > start:
+                    intervals = [(p.starts_at, p.ends_at) for p in covering]
+                    amount = window_amount(
+                        session.rate_micros_per_hour, ready, start, end, intervals
+                    )
+                    balance[session.wallet_id] += amount
+                    entries.append(
+                        {
+                            "wallet_id": session.wallet_id,
+                            "kind": "charge",
+                            "amount_micros": amount,
+                            "balance_after_micros": balance[session.wallet_id],
+                            "key": f"charge:{session.id}:{start}-{end}",
+                            "session_id": session.id,
+                            "window_start": start,
+                            "window_end": end,
+                            "note": "",
+                            "created_at": now,
+                        }
+                    )
+                session_rows.append(
+                    {
+                        "id": session.id,
+                        "ready_at": ready,
+                        "metered_through": end,
+                        "last_seen_running": now,
+                    }
+                )
+                view = views[session.wallet_id]
+                valid = [p for p in covering if p.starts_at <= now < p.ends_at]
+                if not valid:
+                    view.paying.append(session)
+                    ended = [p for p in covering if ready < p.ends_at <= now]
+                    if ended:
+                        view.ended_passes.append((session, max(ended, key=lambda p: p.ends_at)))
+            db.execute(update(MeteredSession), session_rows)
+            self.fault("metered-through-advanced")
+            if entries:
+                db.execute(insert(Entry), entries)
+            self.fault("entry-written")
+            changed = [
+                {"id": wid, "balance_micros": b}
+                for wid, b in balance.items()
+                if b != wallets[wid].balance_micros
+            ]
+            if changed:
+                db.execute(update(Wallet), changed)
+            self.fault("balance-updated")
+            for wid, view in views.items():
+                view.balance_micros = balance[wid]
+            return views
 
     def open_sessions(self) -> list[MeteredSession]:
         with self.begin() as db:
@@ -521,11 +679,11 @@ def uncovered(start: int, end: int, covered: list[tuple[int, int]]) -> list[tupl
 
 
 def window_amount(
-    session: MeteredSession, start: int, end: int, covered: list[tuple[int, int]]
+    rate_micros_per_hour: int, ready_at: int, start: int, end: int, covered: list[tuple[int, int]]
 ) -> int:
     """The (negative) charge for [start, end) of a session, passes' time excluded."""
     return -sum(
-        window_charge(session.rate_micros_per_hour, session.ready_at, a, b)
+        window_charge(rate_micros_per_hour, ready_at, a, b)
         for a, b in uncovered(start, end, covered)
     )
 
@@ -566,7 +724,13 @@ def _audit_session(
             problems.append(
                 f"{where}: {kind} window [{entry.window_start}, {entry.window_end}) after {cursor}"
             )
-        expected = window_amount(session, entry.window_start, entry.window_end, covered)
+        expected = window_amount(
+            session.rate_micros_per_hour,
+            session.ready_at,
+            entry.window_start,
+            entry.window_end,
+            covered,
+        )
         if entry.amount_micros != expected:
             problems.append(
                 f"{where}: window [{entry.window_start}, {entry.window_end}) charged {entry.amount_micros}, expected {expected}"

@@ -29,6 +29,8 @@ log = logging.getLogger("meterhub.meter")
 #: a session opened this recently may not be in the hub's answer yet (spawn just began)
 SNAPSHOT_GRACE_SECONDS = 5
 PAGE_SIZE = 200
+#: sessions charged in one transaction
+BATCH = 1000
 MAX_PAGES = 1000
 
 
@@ -138,60 +140,50 @@ class Meter:
         """The database half of a pass (blocking; runs in a thread)."""
         now = self.clock()
         result = PassResult()
-        running_by_wallet: dict[int, list] = {}
+        ready = []
         for session in self.ledger.open_sessions():
             where = (session.user_name, session.server_name)
             if where in servers:
-                if not servers[where]:
-                    continue  # still starting: free
-                if session.ready_at is None:  # the hub restarted before noting ready
-                    self.ledger.mark_ready(session.id, at=now)
-                self.ledger.seen_running(session.id, at=now)
-                try:
-                    if self.ledger.charge(session.id, now) is not None:
-                        result.charged += 1
-                except ConcurrentUpdate:
-                    pass  # another meter charged it: nothing lost, nothing doubled
-                running_by_wallet.setdefault(session.wallet_id, []).append(session)
+                if servers[where]:
+                    ready.append(session.id)
+                # still starting: free
             elif session.started_at < snapshot_at - SNAPSHOT_GRACE_SECONDS:
                 # gone without a stop we heard of: charge only until it was last seen running
                 end = session.last_seen_running or session.started_at
                 self.ledger.close_session(session.id, at=end)
                 result.closed.append(session.id)
-        for sessions in running_by_wallet.values():
-            self._check_credit(sessions, result)
+        views = {}
+        for i in range(0, len(ready), BATCH):
+            batch = ready[i : i + BATCH]
+            try:
+                views.update(self.ledger.charge_running(batch, now))
+            except ConcurrentUpdate:
+                log.warning("Another writer held %d sessions; charging them next pass", len(batch))
+        result.charged = len(ready)
+        for view in views.values():
+            self._check_credit(view, result)
         return result
 
-    def _check_credit(self, sessions: list, result: PassResult) -> None:
-        user = sessions[0].user_name
-        now = self.clock()
-        paying = []
-        for session in sessions:
-            held = self.ledger.coverage(session.id, now)
-            if held is not None and held.ends_at > now:
-                continue  # a valid pass pays for it
-            if held is not None and held.ends_at > (session.ready_at or now):
-                self.ledger.notify(
-                    user,
-                    f"pass-ended:{session.id}:{held.id}",
-                    "pass-ended",
-                    f"Your {held.period} pass has ended; this server now costs"
-                    f" {format_money(session.rate_micros_per_hour, self.ledger.currency)}/h"
-                    " from your credit.",
-                )
-            paying.append(session)
-        if not paying:
-            return
-        sessions = paying
-        balance = self.ledger.balance(user)
-        rate = sum(s.rate_micros_per_hour for s in sessions)
+    def _check_credit(self, view, result: PassResult) -> None:
         currency = self.ledger.currency
+        for session, ended in view.ended_passes:
+            self.ledger.notify(
+                view.user,
+                f"pass-ended:{session.id}:{ended.id}",
+                "pass-ended",
+                f"Your {ended.period} pass has ended; this server now costs"
+                f" {format_money(session.rate_micros_per_hour, currency)}/h from your credit.",
+            )
+        if not view.paying:
+            return
+        balance = view.balance_micros
+        rate = sum(s.rate_micros_per_hour for s in view.paying)
         if balance + self.ledger.overdraft_micros <= 0:
-            for session in sessions:
+            for session in view.paying:
                 result.to_stop.append((session.user_name, session.server_name))
                 server = f"server {session.server_name!r}" if session.server_name else "server"
                 self.ledger.notify(
-                    user,
+                    view.user,
                     f"stopped:{session.id}",
                     "stopped",
                     f"Your credit ran out ({format_money(balance, currency)}), so your {server}"
@@ -201,10 +193,10 @@ class Meter:
         left = seconds_covered(balance + self.ledger.overdraft_micros, rate)
         for minutes in self.warn_minutes:
             if left is not None and left <= minutes * 60:
-                for session in sessions:
+                for session in view.paying:
                     key = f"warn:{session.id}:{minutes}"
                     if self.ledger.notify(
-                        user,
+                        view.user,
                         key,
                         "warning",
                         f"{format_duration(left)} of credit left ({format_money(balance, currency)}"

@@ -103,9 +103,14 @@ def simulate(seed: int, engine=None) -> None:
         elif op == "ready" and open_sessions:
             attempt(ledger.mark_ready, rng.choice(list(open_sessions)))
         elif op == "tick":
-            for session_id in list(open_sessions):
-                for _ in range(rng.choice([1, 1, 2])):  # duplicate ticks
-                    attempt(ledger.charge, session_id, clock.now)
+            if rng.random() < 0.5:  # the meter's batched pass, sometimes twice
+                ready = [sid for sid in open_sessions if _is_ready(ledger, sid)]
+                for _ in range(rng.choice([1, 1, 2])):
+                    attempt(ledger.charge_running, ready, clock.now)
+            else:
+                for session_id in list(open_sessions):
+                    for _ in range(rng.choice([1, 1, 2])):  # duplicate ticks
+                        attempt(ledger.charge, session_id, clock.now)
         elif op == "stop" and open_sessions:
             session_id = rng.choice(list(open_sessions))
             if attempt(ledger.close_session, session_id) is not None or _closed(ledger, session_id):
@@ -113,6 +118,13 @@ def simulate(seed: int, engine=None) -> None:
         elif op == "time":
             clock.advance(rng.choice([1, 7, 59, 61, 600, 3601]))
         check(ledger, granted, known, seed, step)
+
+
+def _is_ready(ledger, session_id) -> bool:
+    from billing_hooks.orm import MeteredSession
+
+    with ledger.begin() as db:
+        return db.get(MeteredSession, session_id).ready_at is not None
 
 
 def _closed(ledger, session_id) -> bool:
