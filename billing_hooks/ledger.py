@@ -13,7 +13,7 @@ from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-from sqlalchemy import func, insert, select, update
+from sqlalchemy import bindparam, func, select, update
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -51,10 +51,10 @@ class WalletView:
 CHUNK = 500
 
 
-def _in_chunks(db: Session, query_for, ids: list[int]):
-    """Run a query per chunk of ids (SQLite caps bound parameters); yield every result."""
+def _chunks(ids: list[int]):
+    """Ids in chunks small enough for any database's limit on bound parameters."""
     for i in range(0, len(ids), CHUNK):
-        yield from db.scalars(query_for(ids[i : i + CHUNK]))
+        yield ids[i : i + CHUNK]
 
 
 @dataclass(frozen=True)
@@ -373,53 +373,45 @@ class Ledger:
         session's window with its passes' time excluded, notes it ready if the hub could
         not, and writes all entries, session times and balances together. Returns, per
         wallet, the balance and the sessions it pays for now (a valid pass pays for others).
+        Core statements, not ORM objects: this is the meter's hot path.
         """
         if not session_ids:
             return {}
+        S, W, P, E = (t.__table__ for t in (MeteredSession, Wallet, Pass, Entry))
         with self.begin() as db:
+            conn = db.connection()
+            ids = sorted(set(session_ids))
             wallet_ids = sorted(
-                set(
-                    _in_chunks(
-                        db,
-                        lambda chunk: select(MeteredSession.wallet_id).where(
-                            MeteredSession.id.in_(chunk)
-                        ),
-                        session_ids,
-                    )
-                )
+                {
+                    wid
+                    for chunk in _chunks(ids)
+                    for (wid,) in conn.execute(select(S.c.wallet_id).where(S.c.id.in_(chunk)))
+                }
             )
-            wallets = {
-                w.id: w
-                for w in _in_chunks(
-                    db,
-                    lambda chunk: (
-                        select(Wallet)
-                        .where(Wallet.id.in_(chunk))
-                        .order_by(Wallet.id)
-                        .with_for_update()
-                        .execution_options(populate_existing=True)
-                    ),
-                    wallet_ids,
+            wallets = {}
+            for chunk in _chunks(wallet_ids):
+                query = select(W.c.id, W.c.owner_name, W.c.balance_micros).where(W.c.id.in_(chunk))
+                wallets.update(
+                    {row.id: row for row in conn.execute(query.order_by(W.c.id).with_for_update())}
                 )
-            }
-            sessions = list(
-                _in_chunks(
-                    db,
-                    lambda chunk: (
-                        select(MeteredSession)
-                        .where(MeteredSession.id.in_(chunk), MeteredSession.stopped_at.is_(None))
-                        .order_by(MeteredSession.id)
-                        .with_for_update()
-                        .execution_options(populate_existing=True)
-                    ),
-                    sorted(session_ids),
-                )
-            )
-            passes: dict[int, list[Pass]] = {}
-            for held in _in_chunks(
-                db, lambda chunk: select(Pass).where(Pass.wallet_id.in_(chunk)), wallet_ids
-            ):
-                passes.setdefault(held.wallet_id, []).append(held)
+            sessions = []
+            for chunk in _chunks(ids):
+                query = select(
+                    S.c.id,
+                    S.c.wallet_id,
+                    S.c.user_name,
+                    S.c.server_name,
+                    S.c.profile,
+                    S.c.gpus,
+                    S.c.rate_micros_per_hour,
+                    S.c.ready_at,
+                    S.c.metered_through,
+                ).where(S.c.id.in_(chunk), S.c.stopped_at.is_(None))
+                sessions += conn.execute(query.order_by(S.c.id).with_for_update()).all()
+            passes: dict[int, list] = {}
+            for chunk in _chunks(wallet_ids):
+                for held in conn.execute(select(P).where(P.c.wallet_id.in_(chunk))):
+                    passes.setdefault(held.wallet_id, []).append(held)
             self.fault("session-read")
             balance = {wid: w.balance_micros for wid, w in wallets.items()}
             views = {wid: WalletView(w.owner_name, 0, [], []) for wid, w in wallets.items()}
@@ -453,37 +445,57 @@ class Ledger:
                             "created_at": now,
                         }
                     )
-                session_rows.append(
-                    {
-                        "id": session.id,
-                        "ready_at": ready,
-                        "metered_through": end,
-                        "last_seen_running": now,
-                    }
-                )
+                session_rows.append({"sid": session.id, "r": ready, "m": end, "seen": now})
                 view = views[session.wallet_id]
-                valid = [p for p in covering if p.starts_at <= now < p.ends_at]
-                if not valid:
+                if not any(p.starts_at <= now < p.ends_at for p in covering):
                     view.paying.append(session)
                     ended = [p for p in covering if ready < p.ends_at <= now]
                     if ended:
                         view.ended_passes.append((session, max(ended, key=lambda p: p.ends_at)))
-            db.execute(update(MeteredSession), session_rows)
+            if session_rows:
+                conn.execute(
+                    S.update()
+                    .where(S.c.id == bindparam("sid"))
+                    .values(
+                        ready_at=bindparam("r"),
+                        metered_through=bindparam("m"),
+                        last_seen_running=bindparam("seen"),
+                    ),
+                    session_rows,
+                )
             self.fault("metered-through-advanced")
             if entries:
-                db.execute(insert(Entry), entries)
+                conn.execute(E.insert(), entries)
             self.fault("entry-written")
             changed = [
-                {"id": wid, "balance_micros": b}
+                {"wid": wid, "b": b}
                 for wid, b in balance.items()
                 if b != wallets[wid].balance_micros
             ]
             if changed:
-                db.execute(update(Wallet), changed)
+                conn.execute(
+                    W.update()
+                    .where(W.c.id == bindparam("wid"))
+                    .values(balance_micros=bindparam("b")),
+                    changed,
+                )
             self.fault("balance-updated")
             for wid, view in views.items():
                 view.balance_micros = balance[wid]
             return views
+
+    def open_session_rows(self) -> list:
+        """id, user, server, started and last-seen times of every open session (light)."""
+        S = MeteredSession.__table__
+        with self.begin() as db:
+            query = select(
+                S.c.id, S.c.user_name, S.c.server_name, S.c.started_at, S.c.last_seen_running
+            )
+            return (
+                db.connection()
+                .execute(query.where(S.c.stopped_at.is_(None)).order_by(S.c.id))
+                .all()
+            )
 
     def open_sessions(self) -> list[MeteredSession]:
         with self.begin() as db:

@@ -141,7 +141,7 @@ class Meter:
         now = self.clock()
         result = PassResult()
         ready = []
-        for session in self.ledger.open_sessions():
+        for session in self.ledger.open_session_rows():
             where = (session.user_name, session.server_name)
             if where in servers:
                 if servers[where]:
