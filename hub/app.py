@@ -15,6 +15,7 @@ import sys
 from jupyterhub import orm
 from jupyterhub.app import JupyterHub
 from sqlalchemy import event
+from sqlalchemy.exc import DBAPIError
 from traitlets.config import Config
 
 from billing_hooks.settings import BillingSettings
@@ -39,11 +40,14 @@ class MeterHub(JupyterHub):
         super().init_db()
         # Trial credit at account creation, however the account is made (sign-in, admin
         # API): the ledger's key makes it exactly once per name, even if created twice.
-        self._billing = BillingSettings(parent=self).ledger()
+        self._billing = BillingSettings(parent=self)
         event.listen(orm.User, "after_insert", self._user_created)
 
     def _user_created(self, _mapper, _connection, user):
-        task = asyncio.ensure_future(asyncio.to_thread(self._billing.ensure_user, user.name))
+        def trial():
+            self._billing.ledger().ensure_user(user.name)
+
+        task = asyncio.ensure_future(asyncio.to_thread(trial))
         task.add_done_callback(self._log_trial_failure)
 
     def _log_trial_failure(self, task):
@@ -179,10 +183,23 @@ def prepare(site: dict) -> None:
         print(f"meterhub: generated the demo pool in {demo_pool_dir(site)}", file=sys.stderr)
 
 
+def check_ledger(c: Config) -> None:
+    """Refuse to start on a ledger schema mismatch; start anyway if the database is down."""
+    try:
+        BillingSettings(config=c).ledger()
+    except DBAPIError as e:
+        print(
+            f"meterhub: WARNING: the billing database does not answer ({e.orig});"
+            " spawns are refused until it does",
+            file=sys.stderr,
+        )
+
+
 def serve(site: dict, ip: str, port: int, config_path: str | None = None) -> None:
     """Run the hub in the foreground for a completed site config (see `load_site_config`)."""
     prepare(site)
     c = apply_config(site, Config())
+    check_ledger(c)
     facts = runtime_config(site, c, ip, port, os.environ, config_path)
     url = f"http://{ip}:{port}/hub/login"
     if facts["password"]:

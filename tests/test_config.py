@@ -126,3 +126,23 @@ def test_missing_public_dir_is_refused_before_writing(tmp_path):
         out.returncode == 2 and "public_dir:" in out.stderr and "is not a directory" in out.stderr
     )
     assert not (tmp_path / "data").exists()
+
+
+def test_serve_refuses_a_ledger_at_another_schema_with_the_upgrade_command(tmp_path):
+    import sqlite3
+
+    from billing_hooks.db import connect
+
+    data = tmp_path / "data"
+    connect(f"sqlite:///{data}/billing.sqlite").dispose()
+    db = sqlite3.connect(data / "billing.sqlite")
+    db.execute("UPDATE alembic_version SET version_num = '0000'")
+    db.commit()
+    db.close()
+    path = write(tmp_path, f"data_dir: {data}\n")
+    meterhub = str(Path(sys.executable).parent / "meterhub")
+    out = subprocess.run(
+        [meterhub, "serve", "--config", str(path)], capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 2, out.stderr[-2000:]
+    assert "meterhub billing upgrade-db" in out.stderr and "Traceback" not in out.stderr
