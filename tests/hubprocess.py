@@ -101,8 +101,11 @@ class HubProcess:
             self.kill_leftovers()
 
     def kill_leftovers(self) -> None:
-        """Kill any process still running from this hub's data directory (servers, sandboxes)."""
+        """Kill what this hub left running: servers and sandboxes (they name its data
+        directory) and its proxy (it names the hub's port)."""
         marker = self.data_dir.encode()
+        # a hub that fails during start-up leaves its proxy behind; it names our port
+        proxy = f"\0--port\0{self.port}\0".encode()
         for pid in os.listdir("/proc"):
             if not pid.isdigit() or int(pid) == os.getpid():
                 continue
@@ -110,7 +113,7 @@ class HubProcess:
                 cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
             except OSError:
                 continue
-            if marker in cmdline:
+            if marker in cmdline or (b"configurable-http-proxy" in cmdline and proxy in cmdline):
                 try:
                     os.kill(int(pid), signal.SIGKILL)
                 except ProcessLookupError:
