@@ -208,11 +208,21 @@ class Ledger:
             # a session left open for this server (the hub died mid-spawn) cannot be running
             for stale in list(db.scalars(_open_sessions_of(user, server_name))):
                 self._close(db, stale, stale.last_seen_running or stale.started_at)
-            open_rates = db.scalars(
-                select(MeteredSession.rate_micros_per_hour).where(
-                    MeteredSession.wallet_id == wallet.id, MeteredSession.stopped_at.is_(None)
+            valid = db.scalars(
+                select(Pass).where(
+                    Pass.wallet_id == wallet.id, Pass.starts_at <= now, Pass.ends_at > now
                 )
             ).all()
+            open_rates = [
+                other.rate_micros_per_hour
+                for other in db.scalars(
+                    select(MeteredSession).where(
+                        MeteredSession.wallet_id == wallet.id, MeteredSession.stopped_at.is_(None)
+                    )
+                )
+                # a server a valid pass pays for needs no credit
+                if not any(p.profile == other.profile and p.gpus >= other.gpus for p in valid)
+            ]
             covered_now = db.scalars(
                 select(Pass.id).where(
                     Pass.wallet_id == wallet.id,

@@ -205,3 +205,12 @@ def test_a_second_pass_starts_when_the_first_ends(make_ledger):
     assert [p.id for p in ledger.passes("qi", valid_at=clock.now)] == [first.id]
     with pytest.raises(KeyConflict):
         ledger.buy_pass("qi", "a800", 1, "daily", to_micros("1.00"), DAY, key="p:1")
+
+
+def test_a_server_a_pass_pays_for_needs_no_credit_beside_a_new_spawn(make_ledger):
+    ledger, clock = make_ledger(trial_credit_micros=to_micros("97.50"))
+    ledger.buy_pass("ro", "a800", 1, "daily", to_micros("97.20"), DAY, key="p:ro")
+    auth = ledger.open_session("ro", "", "a800", 1, A800, min_seconds=600)
+    ledger.mark_ready(auth.session_id)
+    # ¥0.30 left covers 10 minutes of debug (¥0.02), whatever the covered A800 would cost
+    ledger.open_session("ro", "dbg", "debug", 0, to_micros("0.10"), min_seconds=600)
