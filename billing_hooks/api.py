@@ -18,7 +18,7 @@ from jupyterhub.utils import url_path_join
 from sqlalchemy import select
 from tornado import web
 
-from spawner.catalog import PASS_PERIODS, InvalidChoice
+from spawner.catalog import GPU_COUNTS, GPU_TYPES, PASS_PERIODS, InvalidChoice
 
 from .ledger import InsufficientCredit, KeyConflict, Ledger
 from .money import (
@@ -49,7 +49,7 @@ def wallet_json(ledger: Ledger, user: str) -> dict | None:
     balance = ledger.balance(user)
     if balance is None:
         return None
-    running = [s for s in ledger.open_sessions() if s.user_name == user]
+    running = ledger.open_sessions(user)
     rate = sum(s.rate_micros_per_hour for s in running)
     seconds = seconds_covered(balance + ledger.overdraft_micros, rate)
     currency = ledger.currency
@@ -362,6 +362,12 @@ class OpenAPIHandler(web.RequestHandler):
         self.finish(json.dumps(openapi(self.settings["prefix"])))
 
 
+def _json_body(required: list[str], properties: dict) -> dict:
+    """An OpenAPI request body: a JSON object with these properties."""
+    schema = {"type": "object", "required": required, "properties": properties}
+    return {"required": True, "content": {"application/json": {"schema": schema}}}
+
+
 def openapi(prefix: str) -> dict:
     user = {"name": "name", "in": "path", "required": True, "schema": {"type": "string"}}
     ok = {"description": "OK"}
@@ -427,26 +433,15 @@ def openapi(prefix: str) -> dict:
                 "post": {
                     "summary": "Buy a pass from the wallet (own, or admin)",
                     "parameters": [user],
-                    "requestBody": {
-                        "required": True,
-                        "content": {
-                            "application/json": {
-                                "schema": {
-                                    "type": "object",
-                                    "required": ["profile", "gpus", "period"],
-                                    "properties": {
-                                        "profile": {
-                                            "type": "string",
-                                            "enum": ["rtx4090", "a800", "h800"],
-                                        },
-                                        "gpus": {"type": "string", "enum": ["1", "2", "4", "8"]},
-                                        "period": {"type": "string", "enum": list(PASS_PERIODS)},
-                                        "key": {"type": "string", "maxLength": 120},
-                                    },
-                                }
-                            }
+                    "requestBody": _json_body(
+                        ["profile", "gpus", "period"],
+                        {
+                            "profile": {"type": "string", "enum": list(GPU_TYPES)},
+                            "gpus": {"type": "string", "enum": [str(n) for n in GPU_COUNTS]},
+                            "period": {"type": "string", "enum": list(PASS_PERIODS)},
+                            "key": {"type": "string", "maxLength": 120},
                         },
-                    },
+                    ),
                     "responses": {
                         "201": {"description": "bought"},
                         "402": {"description": "not enough credit"},
@@ -467,20 +462,10 @@ def openapi(prefix: str) -> dict:
                             "schema": {"type": "string"},
                         }
                     ],
-                    "requestBody": {
-                        "required": True,
-                        "content": {
-                            "application/json": {
-                                "schema": {
-                                    "type": "object",
-                                    "required": ["price_per_hour"],
-                                    "properties": {
-                                        "price_per_hour": {"type": "string", "example": "4.80"}
-                                    },
-                                }
-                            }
-                        },
-                    },
+                    "requestBody": _json_body(
+                        ["price_per_hour"],
+                        {"price_per_hour": {"type": "string", "example": "4.80"}},
+                    ),
                     "responses": {"200": ok, **errors},
                 }
             },
@@ -488,22 +473,14 @@ def openapi(prefix: str) -> dict:
                 "post": {
                     "summary": "Grant credit (admin:users)",
                     "parameters": [user],
-                    "requestBody": {
-                        "required": True,
-                        "content": {
-                            "application/json": {
-                                "schema": {
-                                    "type": "object",
-                                    "required": ["amount"],
-                                    "properties": {
-                                        "amount": {"type": "string", "example": "12.50"},
-                                        "note": {"type": "string"},
-                                        "key": {"type": "string", "maxLength": 120},
-                                    },
-                                }
-                            }
+                    "requestBody": _json_body(
+                        ["amount"],
+                        {
+                            "amount": {"type": "string", "example": "12.50"},
+                            "note": {"type": "string"},
+                            "key": {"type": "string", "maxLength": 120},
                         },
-                    },
+                    ),
                     "responses": {
                         "201": {"description": "granted"},
                         "409": {"description": "key reused with another amount"},

@@ -272,19 +272,6 @@ class Ledger:
                 .values(ready_at=at, metered_through=at, last_seen_running=at)
             )
 
-    def seen_running(self, session_id: int, at: int | None = None) -> None:
-        at = self.clock() if at is None else at
-        with self.begin() as db:
-            db.execute(
-                update(MeteredSession)
-                .where(MeteredSession.id == session_id)
-                .where(
-                    (MeteredSession.last_seen_running.is_(None))
-                    | (MeteredSession.last_seen_running < at)
-                )
-                .values(last_seen_running=at)
-            )
-
     def charge(self, session_id: int, until: int) -> Entry | None:
         """Charge [metered_through, until) of a session; None when there is nothing to charge."""
         with self.begin() as db:
@@ -507,15 +494,12 @@ class Ledger:
                 .all()
             )
 
-    def open_sessions(self) -> list[MeteredSession]:
+    def open_sessions(self, user: str | None = None) -> list[MeteredSession]:
+        query = select(MeteredSession).where(MeteredSession.stopped_at.is_(None))
+        if user is not None:
+            query = query.where(MeteredSession.user_name == user)
         with self.begin() as db:
-            return list(
-                db.scalars(
-                    select(MeteredSession)
-                    .where(MeteredSession.stopped_at.is_(None))
-                    .order_by(MeteredSession.id)
-                )
-            )
+            return list(db.scalars(query.order_by(MeteredSession.id)))
 
     # ------------------------------------------------------------------ passes
 
@@ -572,22 +556,6 @@ class Ledger:
             db.add(bought)
             db.flush()
             return bought
-
-    def coverage(self, session_id: int, at: int) -> Pass | None:
-        """The pass covering a session at `at`, if any; else the latest one that ended."""
-        with self.begin() as db:
-            session = db.get(MeteredSession, session_id)
-            passes = db.scalars(
-                select(Pass)
-                .where(
-                    Pass.wallet_id == session.wallet_id,
-                    Pass.profile == session.profile,
-                    Pass.gpus >= session.gpus,
-                    Pass.starts_at <= at,
-                )
-                .order_by(Pass.ends_at.desc())
-            ).all()
-            return passes[0] if passes else None
 
     def reservations(self, at: int | None = None) -> dict[str, dict[str, int]]:
         """{gpu type: {user: GPUs}} reserved by passes valid at `at`, for the local allocator."""

@@ -62,20 +62,14 @@ class MeterHub(JupyterHub):
 
     async def reconcile_gpus(self):
         """Release GPUs held by servers that are no longer running (e.g. the hub DB lost them)."""
-        active = set()
-        some_spawner = None
-        for user in self.users.values():
-            for spawner in user.spawners.values():
-                if isinstance(spawner, LocalGPUSpawner):
-                    some_spawner = some_spawner or spawner
-                    if spawner.active:
-                        active.add(spawner.owner_key)
-        if some_spawner is None:
-            user = next(iter(self.users.values()), None)
-            if user is None:
-                return
-            some_spawner = user.spawners[""]
-        released = await asyncio.to_thread(some_spawner.allocator.reconcile, active)
+        active = {
+            spawner.owner_key
+            for user in self.users.values()
+            for spawner in user.spawners.values()
+            if isinstance(spawner, LocalGPUSpawner) and spawner.active
+        }
+        allocator = LocalGPUSpawner(config=self.config).allocator  # config only, no user
+        released = await asyncio.to_thread(allocator.reconcile, active)
         for owner, indices in released.items():
             self.log.warning("Released GPUs %s held by %s, which is not running", indices, owner)
 

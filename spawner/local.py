@@ -316,7 +316,7 @@ class LocalGPUSpawner(LocalProcessSpawner):
                     disk_mount=self.disk_mount_path,
                     pool=self.pool_dir or None,
                     pool_mount=self.pool_mount_path,
-                    ro_paths=tuple(self._environment_paths()),
+                    ro_paths=tuple(environment_paths(self.server_env_prefix)),
                     hidden=(os.path.abspath(self.data_dir),),
                     devices=tuple(device_nodes(gpus)),
                     files=files,
@@ -383,10 +383,6 @@ class LocalGPUSpawner(LocalProcessSpawner):
         }
         env.update(visible_devices_env(gpus))
         return env
-
-    def _environment_paths(self) -> list[str]:
-        """Host paths the server's Python needs: the environment and its base interpreter."""
-        return environment_paths(self.server_env_prefix)
 
     def user_env(self, env):
         env["USER"] = "jovyan"
@@ -467,7 +463,7 @@ class LocalGPUSpawner(LocalProcessSpawner):
         """Without a sandbox the dropped uid must reach the environment; say so clearly."""
         if self.run_as is None:
             return
-        for path in self._environment_paths():
+        for path in environment_paths(self.server_env_prefix):
             parts = os.path.realpath(path).split(os.sep)
             for i in range(2, len(parts) + 1):
                 prefix = os.sep.join(parts[:i])
