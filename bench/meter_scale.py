@@ -5,7 +5,12 @@ which is the least any meter must do. Both run side by side on the same database
 SQLite (WAL) and on a throwaway PostgreSQL cluster, alternating, and the ratio of medians
 is reported. Goal: ≤ 2×.
 
-    .venv/bin/python bench/meter_scale.py [--users 5000] [--sessions 1000] [--rounds 5]
+With --hub it also starts a real meterhub with the same 5,000 users and measures the p95
+of a hub API request (GET /hub/api/users/NAME) while meter passes run back to back (each
+lists every user from that hub, then charges the ledger) against the p95 while idle,
+alternating phases. Goal: ≤ 1.1×.
+
+    .venv/bin/python bench/meter_scale.py [--users 5000] [--sessions 1000] [--rounds 5] [--hub]
 """
 
 from __future__ import annotations
@@ -85,9 +90,10 @@ def populate(ledger: Ledger, users: int, sessions: int) -> dict[tuple[str, str],
 
 def bulk_insert(ledger: Ledger, sessions: int, round_no: int) -> float:
     now = ledger.clock()
+    # wallets with no running session, so the baseline's rows keep the ledger sound
     rows = [
         {
-            "wallet_id": i + 1,
+            "wallet_id": sessions + i + 1,
             "kind": "adjustment",
             "amount_micros": 0,
             "balance_after_micros": 10**9,
@@ -128,12 +134,100 @@ def run(name: str, url: str, users: int, sessions: int, rounds: int) -> None:
     ledger.engine.dispose()
 
 
+def percentile(samples: list[float], q: float) -> float:
+    ordered = sorted(samples)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def hub_latency(users: int, sessions: int, phases: int, seconds: float) -> None:
+    import asyncio
+    import threading
+
+    import requests
+
+    from billing_hooks.meter import HubClient
+    from tests.hubprocess import ADMIN_TOKEN, HubProcess
+
+    class Hub(HubClient):
+        """The real hub's listing, plus the benchmark's synthetic running sessions."""
+
+        def __init__(self, *args, synthetic, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.synthetic = synthetic
+
+        async def running_servers(self):
+            return {**await super().running_servers(), **self.synthetic}
+
+    with tempfile.TemporaryDirectory() as tmp:
+        hub = HubProcess(
+            Path(tmp) / "hub", {"gpus": [], "billing": {"meter_interval_seconds": 3600}}
+        )
+        hub.start()
+        try:
+            names = [f"u{i}" for i in range(users)]
+            for i in range(0, users, 500):
+                reply = hub.api("POST", "/users", json={"usernames": names[i : i + 500]})
+                assert reply.status_code == 201, reply.text
+            clock = FakeClock()
+            ledger = Ledger(connect(f"sqlite:///{tmp}/bench-ledger.sqlite"), clock=clock)
+            synthetic = populate(ledger, users, sessions)
+            client = Hub(f"{hub.url}/hub/api", ADMIN_TOKEN, synthetic=synthetic)
+            meter = Meter(ledger, hub=client, interval_seconds=60, clock=clock)
+            url = f"{hub.url}/hub/api/users/u7"
+            headers = {"Authorization": f"token {ADMIN_TOKEN}"}
+            session = requests.Session()
+
+            def probe(until_at: float) -> list[float]:
+                samples = []
+                while time.monotonic() < until_at:
+                    start = time.perf_counter()
+                    assert session.get(url, headers=headers, timeout=30).status_code == 200
+                    samples.append(time.perf_counter() - start)
+                    time.sleep(0.01)
+                return samples
+
+            def meter_loop(stop: threading.Event, passes: list[float]) -> None:
+                while not stop.is_set():
+                    clock.advance(60)
+                    start = time.perf_counter()
+                    asyncio.run(meter.tick())
+                    passes.append(time.perf_counter() - start)
+
+            idle, busy, passes = [], [], []
+            probe(time.monotonic() + 2)  # warm up
+            for _ in range(phases):
+                idle += probe(time.monotonic() + seconds)
+                stop = threading.Event()
+                worker = threading.Thread(target=meter_loop, args=(stop, passes))
+                worker.start()
+                busy += probe(time.monotonic() + seconds)
+                stop.set()
+                worker.join()
+            assert ledger.audit() == [], "the benchmark's ledger must stay sound"
+            a, b = percentile(busy, 0.95), percentile(idle, 0.95)
+            print(
+                f"hub API p95: during meter passes {a * 1000:.1f} ms ({len(busy)} requests,"
+                f" {len(passes)} passes of median {statistics.median(passes) * 1000:.0f} ms),"
+                f" idle {b * 1000:.1f} ms ({len(idle)} requests), ratio {a / b:.2f}"
+            )
+            ledger.engine.dispose()
+        finally:
+            hub.teardown()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--users", type=int, default=5000)
     parser.add_argument("--sessions", type=int, default=1000)
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--hub", action="store_true", help="also measure the hub API's p95")
+    parser.add_argument("--phases", type=int, default=4)
+    parser.add_argument("--seconds", type=float, default=10.0, help="length of each phase")
     args = parser.parse_args()
+    if args.users < 2 * args.sessions:
+        parser.error(
+            "--users must be at least twice --sessions (the baseline writes to idle wallets)"
+        )
     with tempfile.TemporaryDirectory() as tmp:
         run("sqlite", f"sqlite:///{tmp}/ledger.sqlite", args.users, args.sessions, args.rounds)
     from tests.postgres import PostgresCluster
@@ -144,6 +238,8 @@ def main() -> None:
         run("postgresql", cluster.new_database(), args.users, args.sessions, args.rounds)
     finally:
         cluster.stop()
+    if args.hub:
+        hub_latency(args.users, args.sessions, args.phases, args.seconds)
 
 
 if __name__ == "__main__":

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-from sqlalchemy import bindparam, func, select, update
+from sqlalchemy import and_, bindparam, case, func, or_, select, update
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -48,13 +48,38 @@ class WalletView:
     ended_passes: list
 
 
-CHUNK = 500
+CHARGE_COLUMNS = (
+    "wallet_id",
+    "kind",
+    "amount_micros",
+    "balance_after_micros",
+    "key",
+    "session_id",
+    "window_start",
+    "window_end",
+    "note",
+    "created_at",
+)
 
 
-def _chunks(ids: list[int]):
-    """Ids in chunks small enough for any database's limit on bound parameters."""
-    for i in range(0, len(ids), CHUNK):
-        yield ids[i : i + CHUNK]
+def _executemany(conn, statement, names: tuple[str, ...], rows: list[tuple]) -> None:
+    """Run a Core statement for many rows through the driver's own executemany.
+
+    SQLAlchemy's per-row parameter processing costs more than the database's work for the
+    meter's thousand-row writes; these columns are plain integers and strings, which need
+    no processing.
+    """
+    compiled = statement.compile(dialect=conn.dialect)
+    if conn.dialect.positional:
+        order = [names.index(name) for name in compiled.positiontup]
+        params = (
+            rows
+            if order == list(range(len(names)))
+            else [tuple(row[i] for i in order) for row in rows]
+        )
+    else:
+        params = [dict(zip(names, row, strict=True)) for row in rows]
+    conn.exec_driver_sql(compiled.string, params)
 
 
 @dataclass(frozen=True)
@@ -370,30 +395,31 @@ class Ledger:
         session's window with its passes' time excluded, notes it ready if the hub could
         not, and writes all entries, session times and balances together. Returns, per
         wallet, the balance and the sessions it pays for now (a valid pass pays for others).
-        Core statements, not ORM objects: this is the meter's hot path.
+
+        This is the meter's hot path: it selects by the id range of the batch (no long IN
+        lists; open sessions in the range that were not asked for are locked, not charged),
+        advances every session and every balance with one statement each, and inserts the
+        charges with the driver's own executemany.
         """
         if not session_ids:
             return {}
         S, W, P, E = (t.__table__ for t in (MeteredSession, Wallet, Pass, Entry))
+        wanted = set(session_ids)
+        in_range = and_(S.c.id.between(min(wanted), max(wanted)), S.c.stopped_at.is_(None))
         with self.begin() as db:
             conn = db.connection()
-            ids = sorted(set(session_ids))
-            wallet_ids = sorted(
-                {
-                    wid
-                    for chunk in _chunks(ids)
-                    for (wid,) in conn.execute(select(S.c.wallet_id).where(S.c.id.in_(chunk)))
-                }
-            )
-            wallets = {}
-            for chunk in _chunks(wallet_ids):
-                query = select(W.c.id, W.c.owner_name, W.c.balance_micros).where(W.c.id.in_(chunk))
-                wallets.update(
-                    {row.id: row for row in conn.execute(query.order_by(W.c.id).with_for_update())}
+            owners = select(S.c.wallet_id).where(in_range)
+            wallets = {
+                wid: [name, balance]
+                for wid, name, balance in conn.execute(
+                    select(W.c.id, W.c.owner_name, W.c.balance_micros)
+                    .where(W.c.id.in_(owners))
+                    .order_by(W.c.id)
+                    .with_for_update()
                 )
-            sessions = []
-            for chunk in _chunks(ids):
-                query = select(
+            }
+            in_range_rows = conn.execute(
+                select(
                     S.c.id,
                     S.c.wallet_id,
                     S.c.user_name,
@@ -403,82 +429,102 @@ class Ledger:
                     S.c.rate_micros_per_hour,
                     S.c.ready_at,
                     S.c.metered_through,
-                ).where(S.c.id.in_(chunk), S.c.stopped_at.is_(None))
-                sessions += conn.execute(query.order_by(S.c.id).with_for_update()).all()
+                )
+                .where(in_range)
+                .order_by(S.c.id)
+                .with_for_update()
+            ).all()
+            in_range_count = len(in_range_rows)
+            sessions = [s for s in in_range_rows if s.id in wanted]
             passes: dict[int, list] = {}
-            for chunk in _chunks(wallet_ids):
-                for held in conn.execute(select(P).where(P.c.wallet_id.in_(chunk))):
-                    passes.setdefault(held.wallet_id, []).append(held)
+            for held in conn.execute(select(P).where(P.c.wallet_id.in_(owners))):
+                passes.setdefault(held.wallet_id, []).append(held)
             self.fault("session-read")
-            balance = {wid: w.balance_micros for wid, w in wallets.items()}
-            views = {wid: WalletView(w.owner_name, 0, [], []) for wid, w in wallets.items()}
-            entries, session_rows = [], []
+            views: dict[int, WalletView] = {}
+            entries = []
             for session in sessions:
+                wid = session.wallet_id
                 ready = session.ready_at if session.ready_at is not None else now
                 start = session.metered_through if session.ready_at is not None else now
                 covering = [
                     p
-                    for p in passes.get(session.wallet_id, [])
+                    for p in passes.get(wid, ())
                     if p.profile == session.profile and p.gpus >= session.gpus
                 ]
                 end = max(start, now)
+                wallet = wallets[wid]
                 if end > start:
                     intervals = [(p.starts_at, p.ends_at) for p in covering]
                     amount = window_amount(
                         session.rate_micros_per_hour, ready, start, end, intervals
                     )
-                    balance[session.wallet_id] += amount
+                    wallet[1] += amount
                     entries.append(
-                        {
-                            "wallet_id": session.wallet_id,
-                            "kind": "charge",
-                            "amount_micros": amount,
-                            "balance_after_micros": balance[session.wallet_id],
-                            "key": f"charge:{session.id}:{start}-{end}",
-                            "session_id": session.id,
-                            "window_start": start,
-                            "window_end": end,
-                            "note": "",
-                            "created_at": now,
-                        }
+                        (
+                            wid,
+                            "charge",
+                            amount,
+                            wallet[1],
+                            f"charge:{session.id}:{start}-{end}",
+                            session.id,
+                            start,
+                            end,
+                            "",
+                            now,
+                        )
                     )
-                session_rows.append({"sid": session.id, "r": ready, "m": end, "seen": now})
-                view = views[session.wallet_id]
+                view = views.get(wid)
+                if view is None:
+                    view = views[wid] = WalletView(wallet[0], 0, [], [])
                 if not any(p.starts_at <= now < p.ends_at for p in covering):
                     view.paying.append(session)
                     ended = [p for p in covering if ready < p.ends_at <= now]
                     if ended:
                         view.ended_passes.append((session, max(ended, key=lambda p: p.ends_at)))
-            if session_rows:
+            if sessions:
+                # every session read ends at `now` (or stays where it is, if the clock went
+                # back): one statement for the batch, not one per session
+                charged = in_range
+                if len(sessions) < in_range_count:
+                    charged = and_(in_range, S.c.id.in_([s.id for s in sessions]))
                 conn.execute(
                     S.update()
-                    .where(S.c.id == bindparam("sid"))
+                    .where(charged)
                     .values(
-                        ready_at=bindparam("r"),
-                        metered_through=bindparam("m"),
-                        last_seen_running=bindparam("seen"),
-                    ),
-                    session_rows,
+                        ready_at=func.coalesce(S.c.ready_at, now),
+                        metered_through=case(
+                            (or_(S.c.ready_at.is_(None), S.c.metered_through < now), now),
+                            else_=S.c.metered_through,
+                        ),
+                        last_seen_running=now,
+                    )
                 )
             self.fault("metered-through-advanced")
             if entries:
-                conn.execute(E.insert(), entries)
+                _executemany(
+                    conn,
+                    E.insert().values({c: bindparam(c) for c in CHARGE_COLUMNS}),
+                    CHARGE_COLUMNS,
+                    entries,
+                )
             self.fault("entry-written")
-            changed = [
-                {"wid": wid, "b": b}
-                for wid, b in balance.items()
-                if b != wallets[wid].balance_micros
-            ]
-            if changed:
+            if entries:
+                # a wallet's balance is its latest entry's balance_after (audit checks it)
+                latest = (
+                    select(E.c.balance_after_micros)
+                    .where(E.c.wallet_id == W.c.id)
+                    .order_by(E.c.id.desc())
+                    .limit(1)
+                    .scalar_subquery()
+                )
                 conn.execute(
                     W.update()
-                    .where(W.c.id == bindparam("wid"))
-                    .values(balance_micros=bindparam("b")),
-                    changed,
+                    .where(W.c.id.in_(owners))
+                    .values(balance_micros=func.coalesce(latest, W.c.balance_micros))
                 )
             self.fault("balance-updated")
             for wid, view in views.items():
-                view.balance_micros = balance[wid]
+                view.balance_micros = wallets[wid][1]
             return views
 
     def open_session_rows(self) -> list:
@@ -633,12 +679,25 @@ class Ledger:
                     select(Entry.wallet_id, func.sum(Entry.amount_micros)).group_by(Entry.wallet_id)
                 ).all()
             )
+            latest = dict(
+                db.execute(
+                    select(Entry.wallet_id, Entry.balance_after_micros).where(
+                        Entry.id.in_(select(func.max(Entry.id)).group_by(Entry.wallet_id))
+                    )
+                ).all()
+            )
             for wallet in db.scalars(select(Wallet)):
                 total = int(sums.get(wallet.id) or 0)
                 if total != wallet.balance_micros:
                     problems.append(
                         f"wallet {wallet.id} ({wallet.owner_name}): entries sum to {total},"
                         f" cached balance is {wallet.balance_micros}"
+                    )
+                last = latest.get(wallet.id, wallet.balance_micros if not total else None)
+                if last != wallet.balance_micros:
+                    problems.append(
+                        f"wallet {wallet.id} ({wallet.owner_name}): latest entry says the"
+                        f" balance is {last}, cached balance is {wallet.balance_micros}"
                     )
             charges: dict[int, list[Entry]] = {}
             for entry in db.scalars(

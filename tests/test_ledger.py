@@ -146,6 +146,22 @@ def test_audit_finds_tampering(make_ledger):
     assert any("cached balance" in p for p in ledger.audit())
     with ledger.begin() as db:
         db.execute(text("UPDATE wallets SET balance_micros = balance_micros - 1"))
+    assert ledger.audit() == []
+    with ledger.begin() as db:  # the meter's pass relies on balance_after being the balance
+        db.execute(
+            text(
+                "UPDATE entries SET balance_after_micros = balance_after_micros + 7"
+                " WHERE id = (SELECT max(id) FROM entries)"
+            )
+        )
+    assert any("latest entry says" in p for p in ledger.audit())
+    with ledger.begin() as db:
+        db.execute(
+            text(
+                "UPDATE entries SET balance_after_micros = balance_after_micros - 7"
+                " WHERE id = (SELECT max(id) FROM entries)"
+            )
+        )
         db.execute(
             text(
                 "UPDATE entries SET window_start = window_start + 5 WHERE kind = 'charge' AND id = (SELECT max(id) FROM entries)"
