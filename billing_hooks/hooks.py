@@ -94,9 +94,12 @@ async def _record_ready(spawner, ledger, session_id: int) -> None:
 
 
 async def settle_stop(spawner) -> None:
+    """Close the server's sessions: at the stop, or, for a server the hub found dead, when
+    it was last seen running (a backend that knows sets `exited_after`)."""
+    died = getattr(spawner, "exited_after", None)
     try:
         ledger = _settings(spawner).ledger()
-        closed = await asyncio.to_thread(ledger.close_server, spawner.user.name, spawner.name)
+        closed = await asyncio.to_thread(ledger.close_server, spawner.user.name, spawner.name, died)
     except DBAPIError:
         # the meter closes it once the database is back (the server is gone from the hub)
         spawner.log.exception("Ledger database error settling %s", spawner._log_name)

@@ -13,6 +13,7 @@ import os
 import shutil
 import signal
 import sys
+import time
 from subprocess import Popen
 
 from escapism import escape
@@ -190,6 +191,10 @@ class LocalGPUSpawner(LocalProcessSpawner):
 
     choice = Instance(Choice, allow_none=True)
     gpu_indices = List(Int())
+    #: epoch seconds of the last time start() or poll() found the server alive (this hub run)
+    last_seen_alive = Int(None, allow_none=True)
+    #: set when poll() finds the server dead: when it was last seen alive (None if unknown)
+    exited_after = Int(None, allow_none=True)
 
     # ------------------------------------------------------------------ inventory
 
@@ -343,6 +348,7 @@ class LocalGPUSpawner(LocalProcessSpawner):
             self.pid = self.proc.pid
             self._progress(80, "Waiting for JupyterLab to answer")
             await self._wait_for_port_or_exit()
+            self.last_seen_alive, self.exited_after = int(time.time()), None
         except BaseException:
             if self.proc is not None and self.proc.poll() is None:
                 await self._signal(signal.SIGKILL)
@@ -494,7 +500,10 @@ class LocalGPUSpawner(LocalProcessSpawner):
             self.clear_state()
             return 0
         if await self._signal(0) and await asyncio.to_thread(group_has_live_members, self.pid):
+            self.last_seen_alive = int(time.time())
             return None
+        # found dead: billing charges it only until it was last seen running
+        self.exited_after = self.last_seen_alive
         status = self.proc.returncode if self.proc is not None else 0
         self.clear_state()
         # JupyterHub does not call stop() for a server it finds dead: release its GPUs here

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import csv
 import io
+import os
+import signal
 import subprocess
 import sys
 import time
@@ -76,6 +78,20 @@ def test_running_time_is_charged_exactly_from_ready_to_stop(billed):
     assert ledger_of(billed).balance("sal") == 1_000_000 - accrued(DEBUG_RATE, seconds)
     shown = cli(billed, "credit", "show", "sal").stdout.strip().splitlines()[-1]
     assert shown == format_money(1_000_000 - accrued(DEBUG_RATE, seconds), symbol=False)
+    assert cli(billed, "billing", "audit").returncode == 0
+
+
+def test_a_server_found_dead_is_charged_until_last_seen_running(billed):
+    server = billed.spawn("dee", {"profile": "debug"})
+    os.killpg(server["state"]["pid"], signal.SIGKILL)  # the OOM killer, a crash
+    killed = int(time.time())
+    time.sleep(2)  # the hub finds out only later: here, on the stop request below
+    r = billed.api("DELETE", "/users/dee/server")
+    assert r.status_code in (202, 204), r.text
+    until(lambda: billed.server("dee") is None, "dee's dead server to be cleaned up")
+    with ledger_of(billed).begin() as db:
+        (session,) = db.query(MeteredSession).filter_by(user_name="dee").all()
+        assert session.ready_at <= session.stopped_at <= killed  # not the 2 s after it died
     assert cli(billed, "billing", "audit").returncode == 0
 
 
