@@ -23,6 +23,20 @@ def _serve(args) -> int:
     return 0
 
 
+def _render_k8s(args) -> int:
+    from .config import load_site_config
+
+    site = load_site_config(args.config)
+    from .render_k8s import RenderError, render, render_yaml
+
+    try:
+        documents = render(site, args.user, args.profile, args.gpus, args.group or ())
+    except RenderError as e:
+        raise CliError(str(e)) from None
+    sys.stdout.write(render_yaml(documents))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="meterhub", description="GPU notebooks by the hour.")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -31,6 +45,19 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--ip", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     serve.add_argument("--port", type=int, default=8000, help="port to listen on (default 8000)")
     serve.set_defaults(func=_serve)
+    render = commands.add_parser(
+        "render-k8s",
+        help="print the Pod and PersistentVolumeClaim the Kubernetes backend would create",
+        description="Offline: no cluster is contacted. Invalid choices exit 2 with the reason.",
+    )
+    render.add_argument("--config", help="site config (YAML); default: the embedded default")
+    render.add_argument("--user", required=True, help="the user the server is for")
+    render.add_argument("--profile", required=True, help="debug, rtx4090, a800 or h800")
+    render.add_argument("--gpus", type=int, help="GPU count (GPU profiles): 1, 2, 4 or 8")
+    render.add_argument(
+        "--group", action="append", help="a JupyterHub group of the user (repeatable)"
+    )
+    render.set_defaults(func=_render_k8s)
     from .billing_cli import add_commands
 
     add_commands(commands)

@@ -23,6 +23,8 @@ from . import spawn_form
 HERE = Path(__file__).parent
 SCHEMA: dict = yaml.safe_load((HERE / "site-schema.yaml").read_text())
 TEMPLATES = str(HERE / "templates")
+#: the default single-user image on Kubernetes until meterhub's own images are published
+KUBE_IMAGE = "quay.io/jupyter/base-notebook:python-3.11"
 
 
 class ConfigError(ValueError):
@@ -75,11 +77,14 @@ def load_site_config(path: str | os.PathLike | None, cwd: str | None = None) -> 
             raise ConfigError(f"{source}: not valid YAML: {e}") from None
         if site is None:
             site = {}
+        _stringify_counts(site)
     problems = validation_errors(site)
     if not problems:
         for slug, profile in (site.get("profiles") or {}).items():
             if slug == "debug" and "passes" in profile:
                 problems.append("profiles.debug.passes: debug mode has no passes")
+            if slug == "debug" and "allowed_groups_by_count" in profile:
+                problems.append("profiles.debug.allowed_groups_by_count: debug mode has no GPUs")
             for period, price in (profile.get("passes") or {}).items():
                 try:
                     parse_price(price, f"profiles.{slug}.passes.{period}")
@@ -93,6 +98,15 @@ def load_site_config(path: str | os.PathLike | None, cwd: str | None = None) -> 
     if problems:
         raise ConfigError(f"{source}: " + "\n  ".join(["invalid site config:", *problems]))
     return complete(site, cwd=cwd)
+
+
+def _stringify_counts(site: Any) -> None:
+    """YAML reads `8: [staff]` with an integer key; GPU counts are keys as strings."""
+    profiles = site.get("profiles") if isinstance(site, dict) else None
+    for profile in (profiles or {}).values() if isinstance(profiles, dict) else ():
+        counts = profile.get("allowed_groups_by_count") if isinstance(profile, dict) else None
+        if isinstance(counts, dict):
+            profile["allowed_groups_by_count"] = {str(k): v for k, v in counts.items()}
 
 
 def complete(site: dict, cwd: str | None = None) -> dict:
@@ -110,6 +124,13 @@ def complete(site: dict, cwd: str | None = None) -> dict:
     local.setdefault("uid_base", 200000)
     local.setdefault("disk_mount_path", "/home/jovyan")
     site.setdefault("profiles", {})
+    site.setdefault("backend", "local")
+    kube = site.setdefault("kubernetes", {})
+    kube.setdefault("image", KUBE_IMAGE)
+    kube.setdefault("disk_size", "20Gi")
+    kube.setdefault("public_claim", "meterhub-public")
+    kube.setdefault("node_label", "nvidia.com/gpu.product")
+    kube.setdefault("uid", 1000)
     billing = site.setdefault("billing", {})
     billing.setdefault("db_url", "sqlite:///" + os.path.join(site["data_dir"], "billing.sqlite"))
     ports = site.setdefault("hub", {})
@@ -126,7 +147,6 @@ def demo_pool_dir(site: dict) -> str:
 def apply_config(site: dict, c: Config) -> Config:
     """Translate a completed site config into JupyterHub traitlets config. Pure: sets values only."""
     data_dir = site["data_dir"]
-    c.JupyterHub.spawner_class = "spawner.local.LocalGPUSpawner"
     c.JupyterHub.db_url = "sqlite:///" + os.path.join(data_dir, "jupyterhub.sqlite")
     c.JupyterHub.cookie_secret_file = os.path.join(data_dir, "jupyterhub_cookie_secret")
     c.ConfigurableHTTPProxy.pid_file = os.path.join(data_dir, "jupyterhub-proxy.pid")
@@ -141,6 +161,18 @@ def apply_config(site: dict, c: Config) -> Config:
     # users created through the admin API are allowed as existing users.
     c.Authenticator.allowed_users = set(site["admin_users"])
 
+    apply_spawner_config(site, c)
+    return c
+
+
+def apply_spawner_config(site: dict, c: Config) -> Config:
+    """The spawner, catalog and billing half of the config, shared with the Helm chart's hub."""
+    if site["backend"] == "kubernetes":
+        c.JupyterHub.spawner_class = "spawner.kube.KubeGPUSpawner"
+        apply_kubernetes(site, c)
+    else:
+        c.JupyterHub.spawner_class = "spawner.local.LocalGPUSpawner"
+    data_dir = site["data_dir"]
     c.LocalGPUSpawner.data_dir = data_dir
     c.LocalGPUSpawner.pool_dir = site.get("public_dir") or demo_pool_dir(site)
     if "gpus" in site:
@@ -172,4 +204,34 @@ def apply_config(site: dict, c: Config) -> Config:
         for slug, profile in site["profiles"].items()
         if "price_per_hour" in profile
     }
+    c.Catalog.allowed_groups = {
+        slug: list(profile["allowed_groups"])
+        for slug, profile in site["profiles"].items()
+        if profile.get("allowed_groups")
+    }
+    c.Catalog.allowed_groups_by_count = {
+        slug: {count: list(groups) for count, groups in profile["allowed_groups_by_count"].items()}
+        for slug, profile in site["profiles"].items()
+        if profile.get("allowed_groups_by_count")
+    }
+    return c
+
+
+def apply_kubernetes(site: dict, c: Config) -> Config:
+    """KubeGPUSpawner's traits from the site's `kubernetes` section (pure)."""
+    kube = site["kubernetes"]
+    k = c.KubeGPUSpawner
+    k.image = kube["image"]
+    if "gpu_image" in kube:
+        k.gpu_image = kube["gpu_image"]
+    if "namespace" in kube:
+        k.namespace = kube["namespace"]
+    k.storage_capacity = kube["disk_size"]
+    if "storage_class" in kube:
+        k.storage_class = kube["storage_class"]
+    k.public_claim_name = kube["public_claim"]
+    k.node_label = kube["node_label"]
+    k.node_products = {slug: list(values) for slug, values in kube.get("node_products", {}).items()}
+    k.debug_node_selector = dict(kube.get("debug_node_selector", {}))
+    k.uid = kube["uid"]
     return c

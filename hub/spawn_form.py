@@ -20,6 +20,7 @@ from billing_hooks.money import (
 from billing_hooks.settings import BillingSettings, priced_catalog
 from spawner.catalog import Choice
 from spawner.form import render_options_form
+from spawner.options import group_names
 
 
 def credit_annotation(available_micros: int, min_seconds: int):
@@ -51,4 +52,5 @@ async def options_form(spawner) -> str:
         currency_symbol=CURRENCY_SYMBOLS.get(settings.currency, settings.currency + " "),
         annotate=credit_annotation(available, settings.min_seconds_to_start),
         summary=f"Your balance: {format_money(balance, settings.currency)}",
+        groups=group_names(spawner.user),
     )

@@ -27,8 +27,13 @@ class GpuType:
     display_name: str
     vram_gb: int
     default_price_per_hour: Decimal
+    #: CPU and memory limits per GPU, the guarantees (requests) on Kubernetes, and the size
+    #: of the memory-backed /dev/shm (PyTorch data loaders need more than Docker's 64 MiB)
     cpu_per_gpu: int
     memory_gib_per_gpu: int
+    cpu_guarantee_per_gpu: int
+    memory_guarantee_gib_per_gpu: int
+    shm_gib_per_gpu: int
     #: lower-case substrings of NVML product names that identify this type
     product_patterns: tuple[str, ...]
     #: value of the `nvidia.com/gpu.product` node label set by GPU feature discovery
@@ -45,6 +50,9 @@ GPU_TYPES: dict[str, GpuType] = {
             Decimal("1.25"),
             cpu_per_gpu=12,
             memory_gib_per_gpu=60,
+            cpu_guarantee_per_gpu=8,
+            memory_guarantee_gib_per_gpu=48,
+            shm_gib_per_gpu=16,
             product_patterns=("rtx 4090",),
             node_product="NVIDIA-GeForce-RTX-4090",
         ),
@@ -55,6 +63,9 @@ GPU_TYPES: dict[str, GpuType] = {
             Decimal("4.50"),
             cpu_per_gpu=16,
             memory_gib_per_gpu=120,
+            cpu_guarantee_per_gpu=12,
+            memory_guarantee_gib_per_gpu=96,
+            shm_gib_per_gpu=32,
             product_patterns=("a800",),
             node_product="NVIDIA-A800-SXM4-80GB",
         ),
@@ -65,6 +76,9 @@ GPU_TYPES: dict[str, GpuType] = {
             Decimal("6.67"),
             cpu_per_gpu=20,
             memory_gib_per_gpu=200,
+            cpu_guarantee_per_gpu=16,
+            memory_guarantee_gib_per_gpu=160,
+            shm_gib_per_gpu=48,
             product_patterns=("h800",),
             node_product="NVIDIA-H800",
         ),
@@ -74,6 +88,9 @@ GPU_TYPES: dict[str, GpuType] = {
 DEBUG_PRICE_PER_HOUR = Decimal("0.10")
 DEBUG_CPU = 2
 DEBUG_MEMORY_GIB = 8
+DEBUG_CPU_GUARANTEE = 0.5
+DEBUG_MEMORY_GUARANTEE_GIB = 2
+DEBUG_SHM_GIB = 1
 
 PROFILE_SLUGS: tuple[str, ...] = (DEBUG, *GPU_TYPES)
 
@@ -152,6 +169,24 @@ class Choice:
         return self.profile.gpu_type.memory_gib_per_gpu * self.gpus
 
     @property
+    def cpu_guarantee(self) -> float:
+        if self.profile.is_debug:
+            return DEBUG_CPU_GUARANTEE
+        return float(self.profile.gpu_type.cpu_guarantee_per_gpu * self.gpus)
+
+    @property
+    def memory_guarantee_gib(self) -> int:
+        if self.profile.is_debug:
+            return DEBUG_MEMORY_GUARANTEE_GIB
+        return self.profile.gpu_type.memory_guarantee_gib_per_gpu * self.gpus
+
+    @property
+    def shm_gib(self) -> int:
+        if self.profile.is_debug:
+            return DEBUG_SHM_GIB
+        return self.profile.gpu_type.shm_gib_per_gpu * self.gpus
+
+    @property
     def user_options(self) -> dict[str, str]:
         if self.profile.is_debug:
             return {"profile": DEBUG}
@@ -185,6 +220,47 @@ class Catalog(LoggingConfigurable):
         hourly rate, weekly 75% of 168 h, monthly 62% of 720 h.
         """,
     ).tag(config=True)
+
+    allowed_groups = Dict(
+        key_trait=Unicode(),
+        help="""
+        Profiles limited to members of JupyterHub groups: `{"h800": ["lab-a", "staff"]}`.
+        A profile not listed is open to every user. Enforced on the spawn form and, whatever
+        is posted, on the server before anything is allocated.
+        """,
+    ).tag(config=True)
+
+    allowed_groups_by_count = Dict(
+        key_trait=Unicode(),
+        help="""
+        GPU counts limited to members of JupyterHub groups, per GPU profile:
+        `{"a800": {"4": ["staff"], "8": ["staff"]}}`. Counts not listed are open to whoever
+        may use the profile.
+        """,
+    ).tag(config=True)
+
+    def profile_refusal(self, profile: Profile, groups: set[str] | frozenset[str]) -> str:
+        """Why a member of `groups` may not use `profile` at all, or "" when allowed."""
+        allowed = self.allowed_groups.get(profile.slug)
+        if allowed and not set(allowed) & set(groups):
+            return (
+                f"{profile.display_name} is limited to the groups"
+                f" {', '.join(sorted(allowed))}, and you are in none of them"
+            )
+        return ""
+
+    def refusal(self, choice: Choice, groups: set[str] | frozenset[str]) -> str:
+        """Why a member of `groups` may not start `choice`, or "" when allowed."""
+        refusal = self.profile_refusal(choice.profile, groups)
+        if refusal:
+            return refusal
+        allowed = self.allowed_groups_by_count.get(choice.profile.slug, {}).get(str(choice.gpus))
+        if allowed and not set(allowed) & set(groups):
+            return (
+                f"{choice.label} is limited to the groups {', '.join(sorted(allowed))},"
+                " and you are in none of them"
+            )
+        return ""
 
     def pass_price(self, slug: str, gpus: int, period: str) -> Decimal:
         """What a `period` pass for `gpus` GPUs of profile `slug` costs."""

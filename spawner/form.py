@@ -48,26 +48,34 @@ def profile_options(
     catalog: Catalog,
     availability: dict[str, tuple[int, int]] | None,
     annotate: Annotate = _no_annotation,
+    groups: frozenset[str] = frozenset(),
 ) -> list[ProfileOption]:
     """What the form offers; `availability` is (total, free) per GPU type, None if unknown.
 
     `annotate` lets the hub add, per choice, a note (the estimated run time) and a reason
-    it cannot start (not enough credit) without the spawner knowing about money.
+    it cannot start (not enough credit) without the spawner knowing about money. Choices
+    that the user's `groups` may not use are disabled with the reason.
     """
     options = []
     for profile in catalog.profiles().values():
         if profile.is_debug:
-            note, reason = annotate(Choice(profile, 0))
+            choice = Choice(profile, 0)
+            note, reason = annotate(choice)
+            reason = _not_allowed(catalog, choice, groups) or reason
             options.append(ProfileOption(profile, None, None, (), reason, note))
             continue
         total, free = (availability or {}).get(profile.slug, (None, None))
         counts = []
         for count in profile.counts:
-            note, reason = annotate(Choice(profile, count))
+            choice = Choice(profile, count)
+            note, reason = annotate(choice)
             if free is not None and count > free:
                 reason = f"only {free} free" if free else "none free"
+            reason = _not_allowed(catalog, choice, groups) or reason
             counts.append(CountOption(count, profile.price_per_hour * count, reason, note))
-        if total == 0:
+        if catalog.profile_refusal(profile, groups):
+            reason = "Not allowed for your group"
+        elif total == 0:
             reason = f"No {profile.display_name} on this machine"
         elif free == 0:
             reason = f"All {total} {profile.display_name} GPUs are in use"
@@ -79,14 +87,19 @@ def profile_options(
     return options
 
 
+def _not_allowed(catalog: Catalog, choice: Choice, groups: frozenset[str]) -> str:
+    return "not allowed for your group" if catalog.refusal(choice, groups) else ""
+
+
 def render_options_form(
     catalog: Catalog,
     availability: dict[str, tuple[int, int]] | None,
     currency_symbol: str = "¥",
     annotate: Annotate = _no_annotation,
     summary: str = "",
+    groups: frozenset[str] = frozenset(),
 ) -> str:
-    options = profile_options(catalog, availability, annotate)
+    options = profile_options(catalog, availability, annotate, groups)
     first_enabled = next((o.profile.slug for o in options if not o.disabled_reason), None)
     return _template.render(
         options=options, checked=first_enabled, currency=currency_symbol, summary=summary

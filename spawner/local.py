@@ -20,12 +20,13 @@ from escapism import escape
 from jupyterhub.spawner import LocalProcessSpawner
 from jupyterhub.utils import maybe_future, random_port
 from tornado import web
-from traitlets import Any, Dict, Enum, Instance, Int, List, Unicode, default
+from traitlets import Any, Dict, Enum, Int, List, Unicode, default
 
 from .allocator import GpuAllocator, NotEnoughGpus
-from .catalog import Catalog, Choice, InvalidChoice
+from .catalog import Choice, InvalidChoice
 from .form import render_options_form
 from .inventory import Gpu, declared_inventory, detect_inventory, device_nodes, visible_devices_env
+from .options import CatalogOptions, group_names
 from .sandbox import SandboxSpec, bwrap_command, bwrap_works
 
 SAFE_NAME_CHARS = "abcdefghijklmnopqrstuvwxyz0123456789"
@@ -85,7 +86,7 @@ def disk_dirname(username: str) -> str:
     return escape(username, safe=SAFE_NAME_CHARS, escape_char="-")
 
 
-class LocalGPUSpawner(LocalProcessSpawner):
+class LocalGPUSpawner(CatalogOptions, LocalProcessSpawner):
     """Spawn servers locally with a profile from the catalog, exclusive GPUs and a sandbox."""
 
     data_dir = Unicode(
@@ -183,13 +184,6 @@ class LocalGPUSpawner(LocalProcessSpawner):
             return {}
         return await maybe_future(self.gpu_reservations(self))
 
-    catalog = Instance(Catalog)
-
-    @default("catalog")
-    def _default_catalog(self):
-        return Catalog(parent=self)
-
-    choice = Instance(Choice, allow_none=True)
     gpu_indices = List(Int())
     #: epoch seconds of the last time start() or poll() found the server alive (this hub run)
     last_seen_alive = Int(None, allow_none=True)
@@ -225,25 +219,6 @@ class LocalGPUSpawner(LocalProcessSpawner):
     @default("options_form")
     def _default_options_form(self):
         return _options_form
-
-    def options_from_form(self, formdata):
-        profile = (formdata.get("profile") or [""])[0]
-        options = {"profile": profile}
-        gpus = (formdata.get(f"gpus_{profile}") or [""])[0]
-        if gpus:
-            options["gpus"] = gpus
-        return options
-
-    @default("apply_user_options")
-    def _default_apply_user_options(self):
-        return _apply_catalog_options
-
-    def parse_options(self) -> Choice:
-        """The validated choice from user_options; HTTP 400 with the reason otherwise."""
-        try:
-            return self.catalog.parse(self.user_options)
-        except InvalidChoice as e:
-            raise web.HTTPError(400, str(e), reason="Invalid profile") from None
 
     # ------------------------------------------------------------------ progress
 
@@ -547,14 +522,9 @@ class LocalGPUSpawner(LocalProcessSpawner):
         self.proc = None
 
 
-def _apply_catalog_options(spawner: LocalGPUSpawner, user_options: dict) -> None:
-    """Validate user options before anything is allocated (start() checks again)."""
-    spawner.choice = spawner.parse_options()
-
-
 async def _options_form(spawner: LocalGPUSpawner) -> str:
     reserved = await spawner.current_reservations()
     availability = await asyncio.to_thread(
         spawner.allocator.availability, spawner.user.name, reserved
     )
-    return render_options_form(spawner.catalog, availability)
+    return render_options_form(spawner.catalog, availability, groups=group_names(spawner.user))

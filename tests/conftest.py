@@ -40,7 +40,16 @@ def hub_factory(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def hub(hub_factory) -> HubProcess:
-    return hub_factory({"gpus": [{"type": "a800", "count": 2}, {"type": "rtx4090", "count": 1}]})
+    return hub_factory(
+        {
+            "gpus": [{"type": "a800", "count": 2}, {"type": "rtx4090", "count": 1}],
+            # group restrictions (neither choice fits this machine anyway)
+            "profiles": {
+                "h800": {"allowed_groups": ["staff"]},
+                "a800": {"allowed_groups_by_count": {"8": ["staff"]}},
+            },
+        }
+    )
 
 
 @pytest.fixture(scope="session")

@@ -88,6 +88,12 @@ def test_apply_config_is_pure():
         ("hub: {api_port: 70000}", "hub.api_port"),
         ("- a list", "(top level)"),
         ("key: [unclosed", "not valid YAML"),
+        ("profiles: {a800: {allowed_groups_by_count: {3: [staff]}}}", "allowed_groups_by_count"),
+        ("profiles: {debug: {allowed_groups_by_count: {1: [x]}}}", "debug mode has no GPUs"),
+        ("profiles: {h800: {allowed_groups: []}}", "profiles.h800.allowed_groups"),
+        ("backend: slurm", "backend"),
+        ("kubernetes: {disk_size: 20GB}", "kubernetes.disk_size"),
+        ("kubernetes: {node_products: {v100: [x]}}", "kubernetes.node_products.v100: unknown key"),
     ],
 )
 def test_errors_name_the_key(tmp_path, text, named):
@@ -146,3 +152,40 @@ def test_serve_refuses_a_ledger_at_another_schema_with_the_upgrade_command(tmp_p
     )
     assert out.returncode == 2, out.stderr[-2000:]
     assert "meterhub billing upgrade-db" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_group_restrictions_and_the_kubernetes_backend(tmp_path):
+    path = write(
+        tmp_path,
+        """
+backend: kubernetes
+profiles:
+  h800: {allowed_groups: [lab-a, staff]}
+  a800: {allowed_groups_by_count: {8: [staff], "4": [staff]}}
+kubernetes:
+  image: registry.example/cpu:1
+  gpu_image: registry.example/cuda:1
+  namespace: gpu-users
+  disk_size: 100Gi
+  storage_class: ssd
+  public_claim: pool
+  node_products: {rtx4090: [NVIDIA-GeForce-RTX-4090-D]}
+  debug_node_selector: {pool: cpu}
+  uid: 1001
+""",
+    )
+    c = apply_config(load_site_config(path), Config())
+    assert c.JupyterHub.spawner_class == "spawner.kube.KubeGPUSpawner"
+    assert c.Catalog.allowed_groups == {"h800": ["lab-a", "staff"]}
+    assert c.Catalog.allowed_groups_by_count == {"a800": {"8": ["staff"], "4": ["staff"]}}
+    k = c.KubeGPUSpawner
+    assert (k.image, k.gpu_image, k.namespace) == (
+        "registry.example/cpu:1",
+        "registry.example/cuda:1",
+        "gpu-users",
+    )
+    assert (k.storage_capacity, k.storage_class, k.public_claim_name) == ("100Gi", "ssd", "pool")
+    assert k.node_products == {"rtx4090": ["NVIDIA-GeForce-RTX-4090-D"]}
+    assert (k.debug_node_selector, k.uid) == ({"pool": "cpu"}, 1001)
+    default = apply_config(load_site_config(None, cwd=str(tmp_path)), Config())
+    assert default.JupyterHub.spawner_class == "spawner.local.LocalGPUSpawner"

@@ -64,3 +64,22 @@ def test_hub_annotations_add_run_time_and_credit_reasons():
     assert options["rtx4090"].disabled_reason == "Not enough credit"
     html = render_options_form(Catalog(), AVAILABLE, annotate=broke, summary="Your balance: ¥0.00")
     assert "Your balance: ¥0.00" in html and "≈ 0 s at this profile" in html
+
+
+def test_choices_limited_to_other_groups_are_disabled_with_the_reason():
+    catalog = Catalog(
+        allowed_groups={"h800": ["lab-a"]}, allowed_groups_by_count={"a800": {"8": ["staff"]}}
+    )
+    options = {o.profile.slug: o for o in profile_options(catalog, None, groups=frozenset())}
+    assert options["h800"].disabled_reason == "Not allowed for your group"
+    assert {c.count: c.disabled_reason for c in options["a800"].counts} == {
+        1: "",
+        2: "",
+        4: "",
+        8: "not allowed for your group",
+    }
+    members = profile_options(catalog, None, groups=frozenset({"lab-a", "staff"}))
+    assert not any(o.disabled_reason for o in members)
+    assert not any(c.disabled_reason for o in members for c in o.counts)
+    html = render_options_form(catalog, None, groups=frozenset())
+    assert "not allowed for your group" in html.lower()

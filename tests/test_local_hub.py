@@ -112,7 +112,8 @@ async def test_gpu_spawn_exhaustion_release_and_disk_across_profiles(hub):
         ({"profile": "a800"}, "needs 'gpus'"),
         ({"profile": "debug", "gpus": "1"}, "Debug mode has no GPUs"),
         ({"profile": "debug", "image": "evil:latest"}, "Unknown option 'image'"),
-        ({"profile": "h800", "gpus": "1"}, "This machine has no H800 GPUs"),
+        ({"profile": "h800", "gpus": "1"}, "H800 is limited to the groups staff"),
+        ({"profile": "a800", "gpus": "8"}, "8 × A800 is limited to the groups staff"),
     ],
 )
 def test_bad_options_are_refused_with_a_message(hub, options, message):
@@ -123,6 +124,22 @@ def test_bad_options_are_refused_with_a_message(hub, options, message):
     assert hub.server("ivy") is None
     free = until(lambda: _free_gpus(hub) == 3 and 3, "GPUs to be free")
     assert free == 3
+
+
+def test_group_restrictions_hold_whatever_is_posted(hub):
+    hub.ensure_user("ora")
+    r = hub.api("POST", "/users/ora/server", json={"profile": "h800", "gpus": "1"})
+    assert r.status_code == 403 and "limited to the groups staff" in r.json()["message"]
+    r = hub.api("POST", "/groups/staff", json={"users": ["ora"]})
+    assert r.status_code in (201, 409), r.text
+    if r.status_code == 409:
+        assert hub.api("POST", "/groups/staff/users", json={"users": ["ora"]}).ok
+    # a member passes the group check and meets the machine's limits instead
+    r = hub.api("POST", "/users/ora/server", json={"profile": "h800", "gpus": "1"})
+    assert r.status_code == 409 and "This machine has no H800 GPUs" in r.json()["message"]
+    r = hub.api("POST", "/users/ora/server", json={"profile": "a800", "gpus": "8"})
+    assert r.status_code == 409, r.text
+    assert hub.server("ora") is None
 
 
 def _free_gpus(hub) -> int:
@@ -190,7 +207,7 @@ def test_spawn_form_posts_a_profile(hub):
     form = s.get(f"{hub.url}/hub/spawn").content.decode()
     for text in ("RTX 4090", "A800", "H800", "Debug mode", "¥4.50/GPU-hour", "¥0.10/h"):
         assert text in form
-    assert "No H800 on this machine" in form
+    assert "Not allowed for your group" in form  # H800 is for the group staff here
     assert 'data-free="2"' in form  # A800s free now
     r = s.post(
         f"{hub.url}/hub/spawn",

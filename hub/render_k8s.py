@@ -1,0 +1,128 @@
+"""`meterhub render-k8s`: the Pod and PersistentVolumeClaim the Kubernetes backend would create.
+
+Offline: KubeGPUSpawner is built from the site config with a placeholder kubeconfig, and
+nothing talks to a cluster. For operators to preview a profile, and for the tests, which
+validate the output against the real Kubernetes schemas.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import tempfile
+from contextlib import contextmanager
+from types import SimpleNamespace
+
+import yaml
+from jupyterhub.utils import maybe_future
+from tornado import web
+from traitlets.config import Config
+
+from .config import apply_spawner_config
+
+OFFLINE_KUBECONFIG = {
+    "apiVersion": "v1",
+    "kind": "Config",
+    "clusters": [{"name": "offline", "cluster": {"server": "https://127.0.0.1:9"}}],
+    "users": [{"name": "offline", "user": {"token": "offline"}}],
+    "contexts": [{"name": "offline", "context": {"cluster": "offline", "user": "offline"}}],
+    "current-context": "offline",
+}
+
+
+class RenderError(ValueError):
+    """A choice the backend refuses; the message is the one the user would get."""
+
+
+@contextmanager
+def offline_kubeconfig():
+    """KubeSpawner loads a kubeconfig when it is built; give it one that points nowhere.
+
+    kubernetes_asyncio reads $KUBECONFIG once, at import, into KUBE_CONFIG_DEFAULT_LOCATION;
+    that module constant is what is swapped here, for the construction only.
+    """
+    from kubernetes_asyncio.config import kube_config
+
+    saved_location = kube_config.KUBE_CONFIG_DEFAULT_LOCATION
+    saved_host = os.environ.pop("KUBERNETES_SERVICE_HOST", None)  # never in-cluster here
+    with tempfile.NamedTemporaryFile("w", suffix=".yaml") as f:
+        yaml.safe_dump(OFFLINE_KUBECONFIG, f)
+        f.flush()
+        kube_config.KUBE_CONFIG_DEFAULT_LOCATION = f.name
+        try:
+            yield
+        finally:
+            kube_config.KUBE_CONFIG_DEFAULT_LOCATION = saved_location
+            if saved_host is not None:
+                os.environ["KUBERNETES_SERVICE_HOST"] = saved_host
+
+
+def _fake_user(name: str, groups) -> SimpleNamespace:
+    return SimpleNamespace(
+        name=name,
+        id=1,
+        url=f"/user/{name}/",
+        groups=[SimpleNamespace(name=g) for g in groups],
+        escaped_name=name,
+    )
+
+
+def _spawner(site: dict, user: str, groups):
+    """A KubeGPUSpawner configured from the site, for a user in `groups` (in an event loop)."""
+    from spawner.kube import KubeGPUSpawner
+
+    config = apply_spawner_config(dict(site, backend="kubernetes"), Config())
+    hub = SimpleNamespace(
+        public_host="",
+        url="http://hub:8081/hub/",
+        base_url="/hub/",
+        api_url="http://hub:8081/hub/api",
+    )
+    with offline_kubeconfig():
+        return KubeGPUSpawner(config=config, user=_fake_user(user, groups), hub=hub)
+
+
+def profile_list(site: dict, user: str, groups=()) -> list[dict]:
+    """KubeSpawner's profile_list as `user` would get it."""
+
+    async def build():
+        spawner = _spawner(site, user, groups)
+        return await maybe_future(spawner.profile_list(spawner))
+
+    return asyncio.run(build())
+
+
+async def _render(site: dict, user: str, options: dict, groups) -> list[dict]:
+    from kubernetes_asyncio.client import ApiClient
+
+    spawner = _spawner(site, user, groups)
+    spawner.api_token = "<the server's own token, made at spawn>"
+    spawner.user_options = options
+    try:
+        await spawner.load_user_options()
+    except web.HTTPError as e:
+        raise RenderError(e.log_message) from None
+    pod = await spawner.get_pod_manifest()
+    pvc = spawner.get_pvc_manifest()
+    api = ApiClient()
+    try:
+        documents = [api.sanitize_for_serialization(obj) for obj in (pod, pvc)]
+    finally:
+        await api.close()
+    for document, kind in zip(documents, ("Pod", "PersistentVolumeClaim"), strict=True):
+        document.setdefault("apiVersion", "v1")
+        document.setdefault("kind", kind)
+        document["metadata"].setdefault("namespace", spawner.namespace)
+    return documents
+
+
+def render(site: dict, user: str, profile: str, gpus: int | None = None, groups=()) -> list[dict]:
+    """The Pod and PVC for `user` starting `profile` (with `gpus`), as API objects (dicts)."""
+    options = {"profile": profile}
+    if gpus is not None:
+        options["gpus"] = str(gpus)
+    return asyncio.run(_render(site, user, options, groups))
+
+
+def render_yaml(documents: list[dict]) -> str:
+    return yaml.safe_dump_all(documents, sort_keys=False)

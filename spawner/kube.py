@@ -1,0 +1,253 @@
+"""The Kubernetes backend: KubeSpawner with a profile_list generated from the one catalog.
+
+KubeSpawner does the work (pods, PVCs, events, reflectors); this class only says what a
+meterhub profile means on Kubernetes and checks user options the way the local backend
+does. The user options are the same: `{"profile": "debug"}`, `{"profile": "a800",
+"gpus": "2"}` — KubeSpawner's own format for a profile with one profile option, `gpus`.
+"""
+
+from __future__ import annotations
+
+from kubespawner import KubeSpawner
+from traitlets import Dict, List, Unicode, default
+
+from .catalog import GPU_TYPES, Catalog, Choice
+from .options import CatalogOptions, group_names
+
+GIB = 1024**3
+GPU_RESOURCE = "nvidia.com/gpu"
+#: what hides every GPU from CUDA and from the NVIDIA container runtime
+HIDE_GPUS = {"NVIDIA_VISIBLE_DEVICES": "void", "CUDA_VISIBLE_DEVICES": ""}
+
+
+class KubeGPUSpawner(CatalogOptions, KubeSpawner):
+    """Servers as pods: GPU profiles get `nvidia.com/gpu` on nodes of their GPU type."""
+
+    gpu_image = Unicode(
+        "",
+        help="Image for GPU profiles (CUDA). Empty: the same as `image`, used by debug mode.",
+    ).tag(config=True)
+
+    node_label = Unicode(
+        "nvidia.com/gpu.product",
+        help="""
+        Node label that names a node's GPU product. The default is the label NVIDIA GPU
+        feature discovery (part of the GPU operator) sets.
+        """,
+    ).tag(config=True)
+
+    node_products = Dict(
+        key_trait=Unicode(),
+        help="""
+        Values of `node_label` per GPU type, overriding the catalog's, e.g.
+        `{"a800": ["NVIDIA-A800-SXM4-80GB", "NVIDIA-A800-80GB-PCIe"]}`.
+        """,
+    ).tag(config=True)
+
+    gpu_tolerations = List(
+        help="Tolerations of GPU pods (GPU nodes are usually tainted `nvidia.com/gpu`).",
+    ).tag(config=True)
+
+    @default("gpu_tolerations")
+    def _default_gpu_tolerations(self):
+        return [{"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}]
+
+    debug_node_selector = Dict(
+        help="Node selector of debug-mode pods (CPU nodes), e.g. `{'node-role/cpu': 'true'}`.",
+    ).tag(config=True)
+
+    disk_mount_path = Unicode(
+        "/home/jovyan", help="Where the user's persistent disk is mounted (their HOME)."
+    ).tag(config=True)
+
+    public_claim_name = Unicode(
+        "meterhub-public",
+        help="PersistentVolumeClaim (ReadOnlyMany) of the /public pool of models and datasets.",
+    ).tag(config=True)
+
+    public_mount_path = Unicode("/public", help="Where the pool is mounted, read-only.").tag(
+        config=True
+    )
+
+    # ------------------------------------------------------------ KubeSpawner defaults
+
+    @default("pvc_name_template")
+    def _default_pvc_name_template(self):
+        # one disk per user, whatever the profile or server name
+        return "claim-{username}"
+
+    @default("storage_pvc_ensure")
+    def _default_storage_pvc_ensure(self):
+        return True
+
+    @default("storage_capacity")
+    def _default_storage_capacity(self):
+        return "20Gi"
+
+    @default("uid")
+    def _default_uid(self):
+        return 1000
+
+    @default("gid")
+    def _default_gid(self):
+        return 100
+
+    @default("fs_gid")
+    def _default_fs_gid(self):
+        return 100
+
+    @default("automount_service_account_token")
+    def _default_automount(self):
+        return False
+
+    @default("container_security_context")
+    def _default_container_security_context(self):
+        return {
+            "runAsNonRoot": True,
+            "capabilities": {"drop": ["ALL"]},
+            "seccompProfile": {"type": "RuntimeDefault"},
+        }
+
+    @default("volumes")
+    def _default_volumes(self):
+        return {
+            "home": {"name": "home", "persistentVolumeClaim": {"claimName": "{pvc_name}"}},
+            "public": {
+                "name": "public",
+                "persistentVolumeClaim": {"claimName": self.public_claim_name, "readOnly": True},
+            },
+        }
+
+    @default("volume_mounts")
+    def _default_volume_mounts(self):
+        return {
+            "home": {"name": "home", "mountPath": self.disk_mount_path},
+            "public": {"name": "public", "mountPath": self.public_mount_path, "readOnly": True},
+            "shm": {"name": "shm", "mountPath": "/dev/shm"},
+        }
+
+    @default("profile_list")
+    def _default_profile_list(self):
+        return _profile_list
+
+    # ------------------------------------------------------------ user options
+
+    @default("options_form")
+    def _default_options_form(self):
+        # the hub's spawn form (hub/spawn_form.py) replaces this in a meterhub deployment
+        from .form import render_options_form
+
+        return lambda spawner: render_options_form(
+            spawner.catalog, None, groups=group_names(spawner.user)
+        )
+
+    async def load_user_options(self):
+        """Check the options like every backend (400, 403), then let KubeSpawner apply them."""
+        self.choice = self.parse_options()
+        self.user_options = dict(self.choice.user_options)
+        await super().load_user_options()
+
+    # ------------------------------------------------------------ profiles
+
+    def products(self, slug: str) -> list[str]:
+        return list(self.node_products.get(slug) or [GPU_TYPES[slug].node_product])
+
+    def choice_override(self, choice: Choice) -> dict:
+        """Everything a choice sets on the spawner: every key, so no earlier choice lingers."""
+        gpu = not choice.profile.is_debug
+        environment = {
+            "METERHUB_PROFILE": choice.profile.slug,
+            "METERHUB_GPUS": str(choice.gpus),
+            "METERHUB_PUBLIC_DIR": self.public_mount_path,
+        }
+        # a dict value is merged into the trait, and None removes a key: see KubeSpawner
+        environment.update(dict.fromkeys(HIDE_GPUS) if gpu else HIDE_GPUS)
+        override = {
+            "image": (self.gpu_image or self.image) if gpu else self.image,
+            "cpu_limit": float(choice.cpu),
+            "cpu_guarantee": float(choice.cpu_guarantee),
+            "mem_limit": choice.memory_gib * GIB,
+            "mem_guarantee": choice.memory_guarantee_gib * GIB,
+            "extra_resource_limits": {GPU_RESOURCE: str(choice.gpus) if gpu else None},
+            "extra_resource_guarantees": {GPU_RESOURCE: str(choice.gpus) if gpu else None},
+            "environment": environment,
+            "volumes": {
+                "shm": {
+                    "name": "shm",
+                    "emptyDir": {"medium": "Memory", "sizeLimit": f"{choice.shm_gib}Gi"},
+                }
+            },
+            "extra_labels": {
+                "meterhub.io/profile": choice.profile.slug,
+                "meterhub.io/gpus": str(choice.gpus),
+            },
+        }
+        if gpu:
+            override["node_selector"] = {}
+            override["node_affinity_required"] = [
+                {
+                    "matchExpressions": [
+                        {
+                            "key": self.node_label,
+                            "operator": "In",
+                            "values": self.products(choice.profile.slug),
+                        }
+                    ]
+                }
+            ]
+            override["tolerations"] = list(self.gpu_tolerations)
+        else:
+            override["node_selector"] = dict(self.debug_node_selector)
+            override["node_affinity_required"] = []
+            override["tolerations"] = []
+        return override
+
+
+def _profile_list(spawner: KubeGPUSpawner) -> list[dict]:
+    """KubeSpawner's profile_list, from the catalog: a profile per GPU type plus debug.
+
+    Profiles and counts the user's groups may not use are left out, so KubeSpawner's own
+    validation refuses them too (meterhub's check runs first, with a clearer message).
+    """
+    return profile_list_for(spawner, spawner.catalog, group_names(spawner.user))
+
+
+def profile_list_for(spawner: KubeGPUSpawner, catalog: Catalog, groups) -> list[dict]:
+    profiles = []
+    for profile in catalog.profiles().values():
+        if catalog.profile_refusal(profile, groups):
+            continue
+        if profile.is_debug:
+            choice = Choice(profile, 0)
+            profiles.append(
+                {
+                    "slug": profile.slug,
+                    "display_name": "Debug mode",
+                    "description": f"No GPU, same disk · {profile.price_per_hour} per hour",
+                    "kubespawner_override": spawner.choice_override(choice),
+                }
+            )
+            continue
+        gpu_type = profile.gpu_type
+        choices = {}
+        for count in profile.counts:
+            choice = Choice(profile, count)
+            if catalog.refusal(choice, groups):
+                continue
+            choices[str(count)] = {
+                "display_name": f"{choice.label} · {profile.price_per_hour * count} per hour",
+                "kubespawner_override": spawner.choice_override(choice),
+            }
+        if not choices:
+            continue
+        profiles.append(
+            {
+                "slug": profile.slug,
+                "display_name": profile.display_name,
+                "description": (
+                    f"{gpu_type.vram_gb} GB per GPU · {profile.price_per_hour} per GPU-hour"
+                ),
+                "profile_options": {"gpus": {"display_name": "GPUs", "choices": choices}},
+            }
+        )
+    return profiles

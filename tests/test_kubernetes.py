@@ -1,0 +1,236 @@
+"""The Kubernetes backend, offline: what KubeGPUSpawner would create, checked against the
+real Kubernetes schemas (kubernetes-validate, strict) for 1.30, 1.33 and 1.37."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import kubernetes_validate
+import pytest
+import yaml
+
+from hub.config import load_site_config
+from hub.render_k8s import RenderError, profile_list, render
+from spawner.catalog import GPU_COUNTS, GPU_TYPES
+
+KUBERNETES_VERSIONS = ("1.30.0", "1.33.0", "1.37.0")
+METERHUB = str(Path(sys.executable).parent / "meterhub")
+CHOICES = [("debug", None)] + [(slug, n) for slug in GPU_TYPES for n in GPU_COUNTS]
+
+
+@pytest.fixture(scope="module")
+def site():
+    return load_site_config(None)
+
+
+@pytest.fixture(scope="module")
+def restricted(tmp_path_factory):
+    path = tmp_path_factory.mktemp("site") / "meterhub.yaml"
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "backend": "kubernetes",
+                "profiles": {
+                    "h800": {"allowed_groups": ["lab-a"]},
+                    "a800": {"allowed_groups_by_count": {8: ["staff"]}},
+                },
+                "kubernetes": {
+                    "gpu_image": "registry.example/meterhub/singleuser-cuda:1",
+                    "node_products": {"a800": ["NVIDIA-A800-SXM4-80GB", "NVIDIA-A800-80GB-PCIe"]},
+                    "debug_node_selector": {"node-pool": "cpu"},
+                    "disk_size": "50Gi",
+                    "storage_class": "fast-rwo",
+                },
+            }
+        )
+    )
+    return path
+
+
+def spec_of(pod: dict) -> tuple[dict, dict]:
+    (container,) = pod["spec"]["containers"]
+    return pod["spec"], container
+
+
+def env_of(container: dict) -> dict[str, str]:
+    return {e["name"]: e["value"] for e in container["env"]}
+
+
+def mounts_of(container: dict) -> dict[str, dict]:
+    return {m["mountPath"]: m for m in container["volumeMounts"]}
+
+
+def volumes_of(spec: dict) -> dict[str, dict]:
+    return {v["name"]: v for v in spec["volumes"]}
+
+
+@pytest.mark.parametrize(("profile", "gpus"), CHOICES)
+def test_every_choice_validates_strictly_on_every_kubernetes_version(site, profile, gpus):
+    documents = render(site, "alice", profile, gpus)
+    assert [d["kind"] for d in documents] == ["Pod", "PersistentVolumeClaim"]
+    for version in KUBERNETES_VERSIONS:
+        for document in documents:
+            kubernetes_validate.validate(document, version, strict=True)
+
+
+def test_strict_validation_can_fail(site):
+    pod, _ = render(site, "alice", "debug")
+    pod["spec"]["containers"][0]["gpuCount"] = 1  # not a Kubernetes field
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(pod, KUBERNETES_VERSIONS[-1], strict=True)
+
+
+@pytest.mark.parametrize("slug", list(GPU_TYPES))
+def test_gpu_profiles_ask_for_their_gpus_on_nodes_of_their_type(site, slug):
+    gpu_type = GPU_TYPES[slug]
+    pod, _ = render(site, "alice", slug, 4)
+    spec, container = spec_of(pod)
+    resources = container["resources"]
+    assert resources["limits"]["nvidia.com/gpu"] == "4"
+    assert resources["requests"]["nvidia.com/gpu"] == "4"
+    assert resources["limits"]["cpu"] == 4 * gpu_type.cpu_per_gpu
+    assert resources["requests"]["cpu"] == 4 * gpu_type.cpu_guarantee_per_gpu
+    assert resources["limits"]["memory"] == 4 * gpu_type.memory_gib_per_gpu * 1024**3
+    assert resources["requests"]["memory"] == 4 * gpu_type.memory_guarantee_gib_per_gpu * 1024**3
+    terms = spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    (term,) = terms["nodeSelectorTerms"]
+    assert term["matchExpressions"] == [
+        {"key": "nvidia.com/gpu.product", "operator": "In", "values": [gpu_type.node_product]}
+    ]
+    assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in spec[
+        "tolerations"
+    ]
+    shm = volumes_of(spec)["shm"]["emptyDir"]
+    assert shm == {"medium": "Memory", "sizeLimit": f"{4 * gpu_type.shm_gib_per_gpu}Gi"}
+    env = env_of(container)
+    assert (env["METERHUB_PROFILE"], env["METERHUB_GPUS"]) == (slug, "4")
+    assert "NVIDIA_VISIBLE_DEVICES" not in env and "CUDA_VISIBLE_DEVICES" not in env
+
+
+def test_debug_mode_has_no_gpu_and_hides_them(site):
+    pod, _ = render(site, "alice", "debug")
+    spec, container = spec_of(pod)
+    assert "nvidia.com/gpu" not in container["resources"]["limits"]
+    assert "nvidia.com/gpu" not in container["resources"].get("requests", {})
+    assert not spec.get("tolerations") and "affinity" not in spec  # stays off GPU nodes
+    env = env_of(container)
+    assert env["NVIDIA_VISIBLE_DEVICES"] == "void" and env["CUDA_VISIBLE_DEVICES"] == ""
+    assert container["resources"]["limits"]["cpu"] == 2.0
+
+
+def test_one_disk_per_user_shared_by_every_profile_and_a_read_only_public_pool(site):
+    claims = set()
+    for profile, gpus in (("debug", None), ("a800", 2), ("h800", 8)):
+        pod, pvc = render(site, "alice", profile, gpus)
+        spec, container = spec_of(pod)
+        volumes, mounts = volumes_of(spec), mounts_of(container)
+        claims.add(volumes["home"]["persistentVolumeClaim"]["claimName"])
+        assert pvc["metadata"]["name"] == volumes["home"]["persistentVolumeClaim"]["claimName"]
+        assert mounts["/home/jovyan"]["name"] == "home" and not mounts["/home/jovyan"].get(
+            "readOnly"
+        )
+        assert volumes["public"]["persistentVolumeClaim"] == {
+            "claimName": "meterhub-public",
+            "readOnly": True,
+        }
+        assert mounts["/public"] == {"mountPath": "/public", "name": "public", "readOnly": True}
+        assert mounts["/dev/shm"]["name"] == "shm"
+    assert claims == {"claim-alice"}  # switching debug <-> GPU keeps the files
+    _, bob_pvc = render(site, "bob", "debug")
+    assert bob_pvc["metadata"]["name"] == "claim-bob"
+    assert bob_pvc["spec"]["resources"]["requests"]["storage"] == "20Gi"
+
+
+def test_user_servers_never_run_as_root(site):
+    for profile, gpus in (("debug", None), ("rtx4090", 1)):
+        pod, _ = render(site, "alice", profile, gpus)
+        spec, container = spec_of(pod)
+        context = container["securityContext"]
+        assert context["runAsUser"] == 1000 and context["runAsUser"] != 0
+        assert context["runAsNonRoot"] is True
+        assert context["allowPrivilegeEscalation"] is False
+        assert context["capabilities"] == {"drop": ["ALL"]}
+        assert not context.get("privileged")
+        assert spec["automountServiceAccountToken"] is False
+
+
+def test_site_config_reaches_the_pod(restricted):
+    site = load_site_config(restricted)
+    pod, pvc = render(site, "alice", "a800", 2)
+    spec, container = spec_of(pod)
+    assert container["image"] == "registry.example/meterhub/singleuser-cuda:1"
+    (term,) = spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
+        "nodeSelectorTerms"
+    ]
+    assert term["matchExpressions"][0]["values"] == [
+        "NVIDIA-A800-SXM4-80GB",
+        "NVIDIA-A800-80GB-PCIe",
+    ]
+    assert pvc["spec"]["storageClassName"] == "fast-rwo"
+    assert pvc["spec"]["resources"]["requests"]["storage"] == "50Gi"
+    debug, _ = render(site, "alice", "debug")
+    spec, container = spec_of(debug)
+    assert spec["nodeSelector"] == {"node-pool": "cpu"}
+    assert container["image"] == "quay.io/jupyter/base-notebook:python-3.11"
+
+
+def test_group_restrictions_are_enforced_server_side(restricted):
+    site = load_site_config(restricted)
+    with pytest.raises(RenderError, match="H800 is limited to the groups lab-a"):
+        render(site, "alice", "h800", 1)
+    with pytest.raises(RenderError, match="8 × A800 is limited to the groups staff"):
+        render(site, "alice", "a800", 8, groups=["lab-a"])
+    pod, _ = render(site, "alice", "h800", 1, groups=["lab-a"])
+    assert spec_of(pod)[1]["resources"]["limits"]["nvidia.com/gpu"] == "1"
+    pod, _ = render(site, "carol", "a800", 8, groups=["staff"])
+    assert spec_of(pod)[1]["resources"]["limits"]["nvidia.com/gpu"] == "8"
+    # KubeSpawner's own profile_list leaves the forbidden choices out as well
+    profiles = {p["slug"]: p for p in profile_list(site, "alice")}
+    assert set(profiles) == {"debug", "rtx4090", "a800"}
+    assert set(profiles["a800"]["profile_options"]["gpus"]["choices"]) == {"1", "2", "4"}
+    assert "h800" in {p["slug"] for p in profile_list(site, "alice", ["lab-a"])}
+
+
+def test_invalid_choices_are_refused(site):
+    with pytest.raises(RenderError, match="Unknown profile 'v100'"):
+        render(site, "alice", "v100", 1)
+    with pytest.raises(RenderError, match="'gpus' must be one of 1, 2, 4, 8"):
+        render(site, "alice", "a800", 3)
+    with pytest.raises(RenderError, match="needs 'gpus'"):
+        render(site, "alice", "a800")
+
+
+def test_render_k8s_command(restricted):
+    out = subprocess.run(
+        [
+            METERHUB,
+            "render-k8s",
+            "--config",
+            str(restricted),
+            "--user",
+            "dan",
+            "--profile",
+            "a800",
+            "--gpus",
+            "2",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr
+    pod, pvc = yaml.safe_load_all(out.stdout)
+    assert pod["kind"] == "Pod" and pvc["metadata"]["name"] == "claim-dan"
+    for args, message in (
+        (["--profile", "h800", "--gpus", "1"], "H800 is limited to the groups lab-a"),
+        (["--profile", "a800", "--gpus", "3"], "'gpus' must be one of 1, 2, 4, 8"),
+    ):
+        out = subprocess.run(
+            [METERHUB, "render-k8s", "--config", str(restricted), "--user", "dan", *args],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert out.returncode == 2 and message in out.stderr and not out.stdout
