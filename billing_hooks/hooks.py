@@ -10,6 +10,7 @@ Ledger I/O runs in threads; the hub's event loop never waits on the database.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 
 from sqlalchemy.exc import DBAPIError
@@ -111,3 +112,35 @@ async def settle_stop(spawner) -> None:
 async def gpu_reservations(spawner) -> dict[str, dict[str, int]]:
     """GPUs the local allocator keeps for pass holders: {gpu type: {user: count}}."""
     return await asyncio.to_thread(_settings(spawner).ledger().reservations)
+
+
+def register_trial_credit(config) -> None:
+    """Give every new hub account its trial credit at creation, however it is made.
+
+    An ORM hook on JupyterHub's users table, so it works in `meterhub serve` and in the
+    z2jh hub alike; the ledger's key makes it exactly once per name, even if the account is
+    created twice. The ledger write runs in a thread, off the hub's event loop.
+    """
+    from jupyterhub import orm
+    from sqlalchemy import event
+
+    log = logging.getLogger("meterhub.trial")
+    settings: list[BillingSettings] = []
+
+    def created(_mapper, _connection, user):
+        name = user.name
+
+        def trial():
+            if not settings:
+                settings.append(BillingSettings(config=config))
+            settings[0].ledger().ensure_user(name)
+
+        def report(task):
+            if not task.cancelled() and task.exception():
+                log.error(
+                    "Could not open %s's wallet with trial credit: %s", name, task.exception()
+                )
+
+        asyncio.ensure_future(asyncio.to_thread(trial)).add_done_callback(report)
+
+    event.listen(orm.User, "after_insert", created)

@@ -12,12 +12,11 @@ import secrets
 import shutil
 import sys
 
-from jupyterhub import orm
 from jupyterhub.app import JupyterHub
-from sqlalchemy import event
 from sqlalchemy.exc import DBAPIError
 from traitlets.config import Config
 
+from billing_hooks.hooks import register_trial_credit
 from billing_hooks.settings import BillingSettings
 from spawner.local import LocalGPUSpawner
 from spawner.sandbox import bwrap_works
@@ -38,21 +37,7 @@ class MeterHub(JupyterHub):
 
     def init_db(self):
         super().init_db()
-        # Trial credit at account creation, however the account is made (sign-in, admin
-        # API): the ledger's key makes it exactly once per name, even if created twice.
-        self._billing = BillingSettings(parent=self)
-        event.listen(orm.User, "after_insert", self._user_created)
-
-    def _user_created(self, _mapper, _connection, user):
-        def trial():
-            self._billing.ledger().ensure_user(user.name)
-
-        task = asyncio.ensure_future(asyncio.to_thread(trial))
-        task.add_done_callback(self._log_trial_failure)
-
-    def _log_trial_failure(self, task):
-        if not task.cancelled() and task.exception():
-            self.log.error("Could not open a wallet with trial credit: %s", task.exception())
+        register_trial_credit(self.config)
 
     async def init_spawners(self):
         result = await super().init_spawners()

@@ -97,6 +97,9 @@ def load_site_config(path: str | os.PathLike | None, cwd: str | None = None) -> 
                     problems.append(str(e))
     if problems:
         raise ConfigError(f"{source}: " + "\n  ".join(["invalid site config:", *problems]))
+    if os.environ.get("METERHUB_DB_URL"):
+        # a secret does not belong in a config file: the Helm chart passes it from a Secret
+        site.setdefault("billing", {})["db_url"] = os.environ["METERHUB_DB_URL"]
     return complete(site, cwd=cwd)
 
 

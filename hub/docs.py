@@ -36,41 +36,43 @@ local:
 """
 
 
-def _resolve(schema: dict) -> dict:
+def _resolve(schema: dict, definitions: dict) -> dict:
     if "$ref" in schema:
-        return SCHEMA["definitions"][schema["$ref"].split("/")[-1]]
+        return definitions[schema["$ref"].split("/")[-1]]
     return schema
 
 
-def _type(schema: dict) -> str:
+def _type(schema: dict, definitions: dict) -> str:
     if "$ref" in schema:
-        return _type(_resolve(schema))
+        return _type(_resolve(schema, definitions), definitions)
     if "enum" in schema:
         return " \\| ".join(f"`{json.dumps(v)}`" for v in schema["enum"])
     if "oneOf" in schema:
-        return " or ".join(_type(s) for s in schema["oneOf"])
+        return " or ".join(_type(s, definitions) for s in schema["oneOf"])
     kind = schema.get("type", "")
     if kind == "array" and "items" in schema:
-        return f"list of {_type(schema['items'])}"
+        return f"list of {_type(schema['items'], definitions)}"
     return kind
 
 
-def _rows(schema: dict, prefix: str = ""):
+def rows(schema: dict, prefix: str = "", definitions: dict | None = None):
+    """Markdown table rows, one per key, nested keys as dotted paths."""
+    definitions = SCHEMA["definitions"] if definitions is None else definitions
     for key, sub in schema.get("properties", {}).items():
         name = f"{prefix}{key}"
-        resolved = _resolve(sub)
+        resolved = _resolve(sub, definitions)
         default = f"`{json.dumps(sub['default'])}`" if "default" in sub else ""
         description = " ".join(sub.get("description", resolved.get("description", "")).split())
-        yield f"| `{name}` | {_type(sub)} | {default} | {description} |"
+        yield f"| `{name}` | {_type(sub, definitions)} | {default} | {description} |"
         if resolved.get("type") == "object" and "properties" in resolved:
-            yield from _rows(resolved, f"{name}.")
+            yield from rows(resolved, f"{name}.", definitions)
         items = resolved.get("items", {})
         if items.get("type") == "object":
-            yield from _rows(items, f"{name}[].")
+            yield from rows(items, f"{name}[].", definitions)
 
 
 def render() -> str:
-    return HEADER + "\n".join(_rows(SCHEMA)) + "\n"
+    return HEADER + "\n".join(rows(SCHEMA)) + "\n"
 
 
 if __name__ == "__main__":

@@ -1,0 +1,36 @@
+"""meterhub inside the zero-to-jupyterhub hub: what the Helm chart's `hub.extraConfig` runs.
+
+    from hub.k8s import configure
+    configure(c)
+
+z2jh configures JupyterHub itself (database, proxy, authenticator, ports); this adds only
+what is meterhub's: the Kubernetes spawner with the catalog's profiles, the spawn form, the
+billing hooks, trial credit and the page templates — read from the site config the chart
+mounts from a ConfigMap. The billing service runs in its own Deployment and is registered
+by the chart through z2jh's `hub.services` and `hub.loadRoles`.
+"""
+
+from __future__ import annotations
+
+import os
+
+from traitlets.config import Config
+
+from billing_hooks.hooks import register_trial_credit
+
+from .config import TEMPLATES, apply_spawner_config, load_site_config
+
+SITE_PATH = "/etc/meterhub/meterhub.yaml"
+
+
+def configure(c: Config, path: str | None = None) -> dict:
+    """Apply the site config at `path` (default $METERHUB_CONFIG or the chart's mount) to `c`."""
+    path = path or os.environ.get("METERHUB_CONFIG", SITE_PATH)
+    site = load_site_config(path, cwd="/srv/jupyterhub")
+    site["backend"] = "kubernetes"
+    apply_spawner_config(site, c)
+    c.JupyterHub.template_paths = [TEMPLATES]
+    # pods are isolated by Kubernetes; the local sandbox warning does not apply
+    c.JupyterHub.template_vars = {"meterhub_sandbox_warning": ""}
+    register_trial_credit(c)
+    return site

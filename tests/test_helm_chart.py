@@ -1,0 +1,272 @@
+"""The Helm chart, rendered by Helm's own Go engine (helm-python-sdk), every object checked
+against the real Kubernetes schemas; its values schema generated from one source."""
+
+from __future__ import annotations
+
+import copy
+import re
+from pathlib import Path
+
+import helm_python as helm
+import kubernetes_validate
+import pytest
+import yaml
+from traitlets.config import Config
+
+from hub import helm_schema
+from hub.config import load_site_config
+from hub.k8s import configure
+
+ROOT = Path(__file__).resolve().parent.parent
+CHART = ROOT / "helm" / "meterhub"
+KUBERNETES_VERSIONS = ("1.30.0", "1.33.0", "1.37.0")
+DB = {"billing": {"database": {"url": "postgresql://meter:secret@ledger-db/ledger"}}}
+
+
+@pytest.fixture(scope="module")
+def chart():
+    with helm.Chart.load(CHART) as loaded:
+        yield loaded
+
+
+def objects(chart, values: dict) -> list[dict]:
+    manifests = chart.render(values, name="gpu", namespace="gpu-lab")
+    found = []
+    for path, text in manifests.items():
+        if path.endswith(".yaml"):
+            found += [doc for doc in yaml.safe_load_all(text) if doc]
+    return found
+
+
+def by_kind(found: list[dict]) -> dict[tuple[str, str], dict]:
+    return {(o["kind"], o["metadata"]["name"]): o for o in found}
+
+
+def merged(*layers: dict) -> dict:
+    result: dict = {}
+    for layer in layers:
+        _merge(result, copy.deepcopy(layer))
+    return result
+
+
+def _merge(into: dict, layer: dict) -> None:
+    for key, value in layer.items():
+        if isinstance(value, dict) and isinstance(into.get(key), dict):
+            _merge(into[key], value)
+        else:
+            into[key] = value
+
+
+def test_values_schema_json_and_docs_are_generated_from_the_yaml():
+    assert (CHART / "values.schema.json").read_text() == helm_schema.render_json(), (
+        "run: .venv/bin/python -m hub.helm_schema"
+    )
+    assert (ROOT / "docs" / "helm-values.md").read_text() == helm_schema.render_docs()
+
+
+def test_values_schema_is_closed_and_described():
+    schema = yaml.safe_load((CHART / "values.schema.yaml").read_text())
+    assert schema["$schema"] == "http://json-schema.org/draft-07/schema#"
+    open_objects = {"resources", "jupyterhub", "global", "nodeSelector"}
+
+    def walk(node: dict, where: str) -> None:
+        for key, sub in node.get("properties", {}).items():
+            assert sub.get("description"), f"{where}{key} has no description"
+            if sub.get("type") == "object" and key not in open_objects:
+                assert "additionalProperties" in sub, f"{where}{key} is not closed"
+            walk(sub, f"{where}{key}.")
+
+    assert schema["additionalProperties"] is False
+    walk(schema, "")
+
+
+@pytest.mark.parametrize(
+    "values, message",
+    [
+        ({"billing": {"databse": {}}}, "additional properties 'databse' not allowed"),
+        ({"site": {"profiles": {"a100": {}}}}, "a100"),
+        ({"site": {"kubernetes": {"disk_size": "20GB"}}}, "disk_size"),
+        ({"site": {"profiles": {"a800": {"price_per_hour": -1}}}}, "price_per_hour"),
+        ({"public": {"claimName": "Not_A_Name"}}, "claimName"),
+        ({"billing": {"database": {"url": "mysql://x"}}}, "url"),
+        ({"replicas": 3}, "additional properties 'replicas' not allowed"),
+    ],
+)
+def test_values_outside_the_schema_are_rejected(chart, values, message):
+    with pytest.raises(helm.HelmError) as e:
+        chart.validate_schema(merged(DB, values))
+    assert message in str(e.value)
+    with pytest.raises(helm.HelmError):
+        chart.render(merged(DB, values), name="gpu", namespace="gpu-lab")
+
+
+def test_every_rendered_object_validates_on_every_kubernetes_version(chart):
+    nfs = {"public": {"nfs": {"enabled": True, "server": "10.0.0.5", "path": "/pool"}}}
+    for values in (DB, merged(DB, nfs)):
+        found = objects(chart, values)
+        assert len(found) >= 6
+        for version in KUBERNETES_VERSIONS:
+            for obj in found:
+                kubernetes_validate.validate(obj, version, strict=True)
+
+
+def test_default_objects(chart):
+    found = by_kind(objects(chart, DB))
+    assert set(found) == {
+        ("ConfigMap", "meterhub-site"),
+        ("Secret", "meterhub-database"),
+        ("Deployment", "meterhub-billing"),
+        ("Service", "meterhub-billing"),
+        ("NetworkPolicy", "meterhub-billing"),
+        ("PersistentVolumeClaim", "meterhub-public"),
+    }
+    assert found[("Secret", "meterhub-database")]["stringData"] == {
+        "url": "postgresql://meter:secret@ledger-db/ledger"
+    }
+    pvc = found[("PersistentVolumeClaim", "meterhub-public")]
+    assert pvc["spec"]["accessModes"] == ["ReadOnlyMany"]
+    assert pvc["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
+
+
+def test_the_billing_service_runs_unprivileged_with_its_token_and_database(chart):
+    deployment = by_kind(objects(chart, DB))[("Deployment", "meterhub-billing")]
+    pod = deployment["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    assert container["command"][:3] == ["meterhub", "billing", "service"]
+    env = {e["name"]: e for e in container["env"]}
+    assert env["JUPYTERHUB_API_TOKEN"]["valueFrom"]["secretKeyRef"] == {
+        "name": "hub",
+        "key": "hub.services.billing.apiToken",
+    }
+    assert env["METERHUB_DB_URL"]["valueFrom"]["secretKeyRef"] == {
+        "name": "meterhub-database",
+        "key": "url",
+    }
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["automountServiceAccountToken"] is False
+    assert container["securityContext"] == {
+        "allowPrivilegeEscalation": False,
+        "capabilities": {"drop": ["ALL"]},
+    }
+    labels = deployment["spec"]["template"]["metadata"]["labels"]
+    assert labels["hub.jupyter.org/network-access-hub"] == "true"
+
+
+def test_network_policy_admits_only_the_proxy_hub_and_servers(chart):
+    policy = by_kind(objects(chart, DB))[("NetworkPolicy", "meterhub-billing")]["spec"]
+    (ingress,) = policy["ingress"]
+    components = {peer["podSelector"]["matchLabels"]["component"] for peer in ingress["from"]}
+    assert components == {"proxy", "hub", "singleuser-server"}
+    ports = {p["port"] for rule in policy["egress"] for p in rule["ports"]}
+    assert ports == {8081, 5432, 53}
+    off = objects(chart, merged(DB, {"billing": {"networkPolicy": {"enabled": False}}}))
+    assert "NetworkPolicy" not in {o["kind"] for o in off}
+
+
+def test_nfs_pool_and_an_existing_database_secret(chart):
+    values = merged(
+        {"billing": {"database": {"existingSecret": "ledger-db-app", "secretKey": "uri"}}},
+        {"public": {"nfs": {"enabled": True, "server": "10.0.0.5", "path": "/pool"}}},
+        {
+            "jupyterhub": {
+                "hub": {
+                    "extraEnv": {
+                        "METERHUB_DB_URL": {
+                            "valueFrom": {"secretKeyRef": {"name": "ledger-db-app", "key": "uri"}}
+                        }
+                    }
+                }
+            }
+        },
+    )
+    found = by_kind(objects(chart, values))
+    assert ("Secret", "meterhub-database") not in found
+    pv = found[("PersistentVolume", "meterhub-public-gpu-lab")]
+    assert pv["spec"]["nfs"] == {"server": "10.0.0.5", "path": "/pool", "readOnly": True}
+    assert pv["spec"]["accessModes"] == ["ReadOnlyMany"]
+    pvc = found[("PersistentVolumeClaim", "meterhub-public")]
+    assert pvc["spec"]["volumeName"] == "meterhub-public-gpu-lab"
+    assert pvc["spec"]["storageClassName"] == ""
+    container = found[("Deployment", "meterhub-billing")]["spec"]["template"]["spec"]
+    env = {e["name"]: e for e in container["containers"][0]["env"]}
+    assert env["METERHUB_DB_URL"]["valueFrom"]["secretKeyRef"] == {
+        "name": "ledger-db-app",
+        "key": "uri",
+    }
+
+
+@pytest.mark.parametrize(
+    "values, message",
+    [
+        ({}, "billing.database.url (a postgresql:// URL) or billing.database.existingSecret"),
+        (
+            {"billing": {"database": {"existingSecret": "other"}}},
+            'METERHUB_DB_URL.valueFrom.secretKeyRef.name must be "other"',
+        ),
+        (
+            merged(DB, {"public": {"nfs": {"enabled": True}}}),
+            "public.nfs.server is required",
+        ),
+    ],
+)
+def test_incomplete_values_fail_with_the_key_to_set(chart, values, message):
+    with pytest.raises(helm.HelmError) as e:
+        chart.render(values, name="gpu", namespace="gpu-lab")
+    assert message in str(e.value)
+
+
+def test_the_site_configmap_is_a_valid_kubernetes_site_config(chart, tmp_path):
+    values = merged(
+        DB,
+        {
+            "public": {"claimName": "lab-pool"},
+            "site": {
+                "profiles": {"h800": {"allowed_groups": ["lab-a"], "price_per_hour": "7.20"}},
+                "billing": {"trial_credit": "5.00"},
+            },
+        },
+    )
+    configmap = by_kind(objects(chart, values))[("ConfigMap", "meterhub-site")]
+    path = tmp_path / "meterhub.yaml"
+    path.write_text(configmap["data"]["meterhub.yaml"])
+    site = load_site_config(path)
+    assert site["backend"] == "kubernetes"
+    assert site["kubernetes"]["public_claim"] == "lab-pool"
+    c = Config()
+    configure(c, str(path))
+    assert c.JupyterHub.spawner_class == "spawner.kube.KubeGPUSpawner"
+    assert c.KubeGPUSpawner.public_claim_name == "lab-pool"
+    assert c.Catalog.allowed_groups == {"h800": ["lab-a"]}
+    assert c.Catalog.prices == {"h800": "7.20"}
+    assert c.BillingSettings.trial_credit == "5.00"
+
+
+def test_the_hub_extra_config_in_values_runs(tmp_path, monkeypatch):
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    path = tmp_path / "meterhub.yaml"
+    path.write_text(yaml.safe_dump({"backend": "kubernetes"}))
+    monkeypatch.setenv("METERHUB_CONFIG", str(path))
+    monkeypatch.setenv("METERHUB_DB_URL", "postgresql://meter:secret@ledger-db/ledger")
+    c = Config()
+    exec(values["jupyterhub"]["hub"]["extraConfig"]["meterhub"], {"c": c})  # as z2jh does
+    assert c.JupyterHub.spawner_class == "spawner.kube.KubeGPUSpawner"
+    assert c.BillingSettings.db_url == "postgresql://meter:secret@ledger-db/ledger"
+    assert c.Spawner.pre_spawn_hook.__name__ == "authorize_spawn"
+
+
+def test_lint_finds_no_errors():
+    report = helm.lint(CHART, DB)
+    errors = [m for m in report["messages"] if m["severity"] >= 3]
+    assert not errors and not report["errors"], report
+
+
+def test_pins_agree():
+    chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    (z2jh,) = chart["dependencies"]
+    assert z2jh["name"] == "jupyterhub" and re.fullmatch(r"\d+\.\d+\.\d+", z2jh["version"])
+    dockerfile = (ROOT / "images" / "hub" / "Dockerfile").read_text()
+    assert f"FROM quay.io/jupyterhub/k8s-hub:{z2jh['version']}" in dockerfile
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    hub_image = values["jupyterhub"]["hub"]["image"]
+    assert hub_image["tag"] == values["billing"]["image"]["tag"] == chart["appVersion"]
+    assert hub_image["name"] == values["billing"]["image"]["name"]
