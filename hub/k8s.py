@@ -17,6 +17,7 @@ import os
 from traitlets.config import Config
 
 from billing_hooks.hooks import register_trial_credit
+from spawner.kube import OWNED_TRAITS
 
 from .config import TEMPLATES, apply_spawner_config, load_site_config
 
@@ -28,6 +29,10 @@ def configure(c: Config, path: str | None = None) -> dict:
     path = path or os.environ.get("METERHUB_CONFIG", SITE_PATH)
     site = load_site_config(path, cwd="/srv/jupyterhub")
     site["backend"] = "kubernetes"
+    # z2jh's `singleuser` values set these on KubeSpawner, which would override
+    # KubeGPUSpawner's own (its empty profileList alone would hide every profile)
+    for name in OWNED_TRAITS:
+        c.KubeSpawner.pop(name, None)
     apply_spawner_config(site, c)
     c.JupyterHub.template_paths = [TEMPLATES]
     # pods are isolated by Kubernetes; the local sandbox warning does not apply

@@ -67,11 +67,10 @@ def _fake_user(name: str, groups) -> SimpleNamespace:
     )
 
 
-def _spawner(site: dict, user: str, groups):
-    """A KubeGPUSpawner configured from the site, for a user in `groups` (in an event loop)."""
+def offline_spawner(config: Config, user: str, groups=()):
+    """A KubeGPUSpawner with `config`, for a user in `groups` (call it in an event loop)."""
     from spawner.kube import KubeGPUSpawner
 
-    config = apply_spawner_config(dict(site, backend="kubernetes"), Config())
     hub = SimpleNamespace(
         public_host="",
         url="http://hub:8081/hub/",
@@ -79,24 +78,20 @@ def _spawner(site: dict, user: str, groups):
         api_url="http://hub:8081/hub/api",
     )
     with offline_kubeconfig():
-        return KubeGPUSpawner(config=config, user=_fake_user(user, groups), hub=hub)
+        spawner = KubeGPUSpawner(config=config, user=_fake_user(user, groups), hub=hub)
+    spawner.api_token = "<the server's own token, made at spawn>"
+    return spawner
 
 
-def profile_list(site: dict, user: str, groups=()) -> list[dict]:
-    """KubeSpawner's profile_list as `user` would get it."""
-
-    async def build():
-        spawner = _spawner(site, user, groups)
-        return await maybe_future(spawner.profile_list(spawner))
-
-    return asyncio.run(build())
+def _spawner(site: dict, user: str, groups):
+    config = apply_spawner_config(dict(site, backend="kubernetes"), Config())
+    return offline_spawner(config, user, groups)
 
 
-async def _render(site: dict, user: str, options: dict, groups) -> list[dict]:
+async def start_manifests(spawner, options: dict) -> list[dict]:
+    """What `spawner` would create for `options`: the Pod and the PVC, as API objects."""
     from kubernetes_asyncio.client import ApiClient
 
-    spawner = _spawner(site, user, groups)
-    spawner.api_token = "<the server's own token, made at spawn>"
     spawner.user_options = options
     try:
         await spawner.load_user_options()
@@ -114,6 +109,20 @@ async def _render(site: dict, user: str, options: dict, groups) -> list[dict]:
         document.setdefault("kind", kind)
         document["metadata"].setdefault("namespace", spawner.namespace)
     return documents
+
+
+def profile_list(site: dict, user: str, groups=()) -> list[dict]:
+    """KubeSpawner's profile_list as `user` would get it."""
+
+    async def build():
+        spawner = _spawner(site, user, groups)
+        return await maybe_future(spawner.profile_list(spawner))
+
+    return asyncio.run(build())
+
+
+async def _render(site: dict, user: str, options: dict, groups) -> list[dict]:
+    return await start_manifests(_spawner(site, user, groups), options)
 
 
 def render(site: dict, user: str, profile: str, gpus: int | None = None, groups=()) -> list[dict]:

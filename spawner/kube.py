@@ -8,6 +8,8 @@ does. The user options are the same: `{"profile": "debug"}`, `{"profile": "a800"
 
 from __future__ import annotations
 
+import copy
+
 from kubespawner import KubeSpawner
 from traitlets import Dict, List, Unicode, default
 
@@ -15,6 +17,41 @@ from .catalog import GPU_TYPES, Catalog, Choice
 from .options import CatalogOptions, group_names
 
 GIB = 1024**3
+#: the traits a choice changes; each start resets them to their configured values first
+CHOICE_TRAITS = (
+    "image",
+    "cpu_limit",
+    "cpu_guarantee",
+    "mem_limit",
+    "mem_guarantee",
+    "extra_resource_limits",
+    "extra_resource_guarantees",
+    "environment",
+    "volumes",
+    "extra_labels",
+    "node_selector",
+    "node_affinity_required",
+    "tolerations",
+)
+#: what meterhub decides, not z2jh's `singleuser` values: hub.k8s drops these from
+#: c.KubeSpawner so KubeGPUSpawner's own defaults hold (one disk per user, /public, profiles,
+#: the non-root security context)
+OWNED_TRAITS = (
+    "profile_list",
+    "volumes",
+    "volume_mounts",
+    "pvc_name_template",
+    "storage_pvc_ensure",
+    "storage_capacity",
+    "storage_class",
+    "storage_access_modes",
+    "uid",
+    "gid",
+    "fs_gid",
+    "container_security_context",
+    "allow_privilege_escalation",
+    "automount_service_account_token",
+)
 GPU_RESOURCE = "nvidia.com/gpu"
 #: what hides every GPU from CUDA and from the NVIDIA container runtime
 HIDE_GPUS = {"NVIDIA_VISIBLE_DEVICES": "void", "CUDA_VISIBLE_DEVICES": ""}
@@ -141,10 +178,21 @@ class KubeGPUSpawner(CatalogOptions, KubeSpawner):
             spawner.catalog, None, groups=group_names(spawner.user)
         )
 
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        # what the configuration says, before any choice: each start begins from here
+        self._configured = {name: copy.deepcopy(getattr(self, name)) for name in CHOICE_TRAITS}
+
     async def load_user_options(self):
-        """Check the options like every backend (400, 403), then let KubeSpawner apply them."""
+        """Check the options like every backend (400, 403), then let KubeSpawner apply them.
+
+        The spawner object outlives a server: undo the last start's choice first, so an
+        A800 start after a debug one (or the reverse) carries nothing over.
+        """
         self.choice = self.parse_options()
         self.user_options = dict(self.choice.user_options)
+        for name, value in self._configured.items():
+            setattr(self, name, copy.deepcopy(value))
         await super().load_user_options()
 
     # ------------------------------------------------------------ profiles
@@ -153,23 +201,20 @@ class KubeGPUSpawner(CatalogOptions, KubeSpawner):
         return list(self.node_products.get(slug) or [GPU_TYPES[slug].node_product])
 
     def choice_override(self, choice: Choice) -> dict:
-        """Everything a choice sets on the spawner: every key, so no earlier choice lingers."""
+        """What a choice sets on top of the configuration (KubeSpawner merges dicts, replaces
+        lists and values); load_user_options resets the configured values first."""
+        configured = self._configured
         gpu = not choice.profile.is_debug
         environment = {
             "METERHUB_PROFILE": choice.profile.slug,
             "METERHUB_GPUS": str(choice.gpus),
             "METERHUB_PUBLIC_DIR": self.public_mount_path,
         }
-        # a dict value is merged into the trait, and None removes a key: see KubeSpawner
-        environment.update(dict.fromkeys(HIDE_GPUS) if gpu else HIDE_GPUS)
         override = {
-            "image": (self.gpu_image or self.image) if gpu else self.image,
             "cpu_limit": float(choice.cpu),
             "cpu_guarantee": float(choice.cpu_guarantee),
             "mem_limit": choice.memory_gib * GIB,
             "mem_guarantee": choice.memory_guarantee_gib * GIB,
-            "extra_resource_limits": {GPU_RESOURCE: str(choice.gpus) if gpu else None},
-            "extra_resource_guarantees": {GPU_RESOURCE: str(choice.gpus) if gpu else None},
             "environment": environment,
             "volumes": {
                 "shm": {
@@ -182,24 +227,27 @@ class KubeGPUSpawner(CatalogOptions, KubeSpawner):
                 "meterhub.io/gpus": str(choice.gpus),
             },
         }
-        if gpu:
-            override["node_selector"] = {}
-            override["node_affinity_required"] = [
-                {
-                    "matchExpressions": [
-                        {
-                            "key": self.node_label,
-                            "operator": "In",
-                            "values": self.products(choice.profile.slug),
-                        }
-                    ]
-                }
-            ]
-            override["tolerations"] = list(self.gpu_tolerations)
-        else:
+        if not gpu:
+            environment.update(HIDE_GPUS)
+            override["image"] = configured["image"]
             override["node_selector"] = dict(self.debug_node_selector)
-            override["node_affinity_required"] = []
-            override["tolerations"] = []
+            return override
+        override["image"] = self.gpu_image or configured["image"]
+        override["extra_resource_limits"] = {GPU_RESOURCE: str(choice.gpus)}
+        override["extra_resource_guarantees"] = {GPU_RESOURCE: str(choice.gpus)}
+        override["node_affinity_required"] = [
+            *configured["node_affinity_required"],
+            {
+                "matchExpressions": [
+                    {
+                        "key": self.node_label,
+                        "operator": "In",
+                        "values": self.products(choice.profile.slug),
+                    }
+                ]
+            },
+        ]
+        override["tolerations"] = [*configured["tolerations"], *self.gpu_tolerations]
         return override
 
 

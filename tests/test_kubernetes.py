@@ -234,3 +234,63 @@ def test_render_k8s_command(restricted):
             timeout=120,
         )
         assert out.returncode == 2 and message in out.stderr and not out.stdout
+
+
+def test_inside_z2jh_each_start_begins_from_the_configuration(tmp_path):
+    """z2jh's jupyterhub_config.py sets `singleuser` values on KubeSpawner before our
+    extraConfig runs; the spawner object then outlives each server it starts."""
+    import asyncio
+
+    from traitlets.config import Config
+
+    from hub.k8s import configure
+    from hub.render_k8s import offline_spawner, start_manifests
+
+    path = tmp_path / "meterhub.yaml"
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "kubernetes": {
+                    "image": "registry.example/cpu:1",
+                    "gpu_image": "registry.example/cuda:1",
+                    "debug_node_selector": {"node-pool": "cpu"},
+                }
+            }
+        )
+    )
+    c = Config()  # what z2jh's own config leaves behind (values from its defaults)
+    c.KubeSpawner.profile_list = []
+    c.KubeSpawner.image = "quay.io/jupyterhub/k8s-singleuser-sample:4.3.3"
+    c.KubeSpawner.volumes = [{"name": "volume-{user_server}", "persistentVolumeClaim": {}}]
+    c.KubeSpawner.pvc_name_template = "claim-{user_server}"
+    dedicated = {"key": "hub.jupyter.org/dedicated", "operator": "Equal", "value": "user",
+                 "effect": "NoSchedule"}  # fmt: skip
+    c.KubeSpawner.tolerations = [dedicated]
+    c.KubeSpawner.node_selector = {"hub.jupyter.org/node-purpose": "user"}
+    c.KubeSpawner.extra_resource_limits = {}
+    configure(c, str(path))
+
+    async def starts():
+        spawner = offline_spawner(c, "alice")
+        pods = []
+        for options in ({"profile": "a800", "gpus": "2"}, {"profile": "debug"},
+                        {"profile": "rtx4090", "gpus": "1"}):  # fmt: skip
+            pod, pvc = await start_manifests(spawner, options)
+            assert pvc["metadata"]["name"] == "claim-alice"
+            pods.append(spec_of(pod))
+        return pods
+
+    (a800, a800_c), (debug, debug_c), (rtx, rtx_c) = asyncio.run(starts())
+    assert a800_c["image"] == rtx_c["image"] == "registry.example/cuda:1"
+    assert debug_c["image"] == "registry.example/cpu:1"
+    assert a800_c["resources"]["limits"]["nvidia.com/gpu"] == "2"
+    assert rtx_c["resources"]["limits"]["nvidia.com/gpu"] == "1"
+    assert "nvidia.com/gpu" not in debug_c["resources"]["limits"]
+    assert debug["tolerations"] == [dedicated]  # z2jh's kept, the GPU one not carried over
+    assert dedicated in a800["tolerations"] and len(a800["tolerations"]) == 2
+    assert debug["nodeSelector"] == {"hub.jupyter.org/node-purpose": "user", "node-pool": "cpu"}
+    assert rtx["nodeSelector"] == {"hub.jupyter.org/node-purpose": "user"}
+    assert "affinity" not in debug
+    assert "NVIDIA_VISIBLE_DEVICES" not in env_of(rtx_c)
+    assert env_of(debug_c)["NVIDIA_VISIBLE_DEVICES"] == "void"
+    assert set(volumes_of(debug)) == {"home", "public", "shm"}
