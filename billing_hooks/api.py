@@ -18,9 +18,10 @@ from jupyterhub.utils import url_path_join
 from sqlalchemy import select
 from tornado import web
 
-from spawner.catalog import GPU_COUNTS, GPU_TYPES, PASS_PERIODS, InvalidChoice
+from spawner.catalog import GPU_COUNTS, GPU_TYPES, PASS_PERIODS
 
-from .ledger import InsufficientCredit, KeyConflict, Ledger
+from . import actions
+from .ledger import Ledger
 from .money import (
     AmountError,
     format_duration,
@@ -28,7 +29,6 @@ from .money import (
     from_micros,
     parse_amount,
     seconds_covered,
-    to_micros,
 )
 from .orm import Entry, MeteredSession
 from .settings import priced_catalog
@@ -220,26 +220,25 @@ class GrantHandler(BillingHandler):
         if not self.is_admin():
             raise web.HTTPError(403, "Granting credit needs the admin:users scope")
         body = self.json_body()
-        try:
-            micros = parse_amount(body.get("amount"), maximum=self.max_grant)
-        except AmountError as e:
-            raise web.HTTPError(400, "%s", str(e)) from None
-        note = body.get("note", "")
-        key = body.get("key") or str(uuid.uuid4())
-        if not isinstance(note, str) or not isinstance(key, str) or len(key) > 120:
-            raise web.HTTPError(400, "note and key must be strings (key at most 120 characters)")
         if not await self.user_exists(name):
             raise web.HTTPError(404, "No such user: %s", name)
         try:
             entry = await asyncio.to_thread(
-                self.ledger.grant, name, micros, f"grant:api:{key}", note
+                actions.grant,
+                self.ledger,
+                name,
+                body.get("amount"),
+                body.get("note", ""),
+                body.get("key") or str(uuid.uuid4()),
+                self.max_grant,
+                "api",
             )
-        except KeyConflict:
-            raise web.HTTPError(409, "That key was already used for a different grant") from None
+        except actions.ActionError as e:
+            raise web.HTTPError(e.status, "%s", e.message) from None
         self.send(
             {
                 "id": entry.id,
-                "amount": _money(micros),
+                "amount": _money(entry.amount_micros),
                 "balance": _money(entry.balance_after_micros),
             },
             status=201,
@@ -264,25 +263,16 @@ def _pass_json(held) -> dict:
 class PassesHandler(BillingHandler):
     """A user's passes and what they can buy; buying takes the price from the catalog."""
 
-    def offers(self, catalog) -> list[dict]:
-        offers = []
-        for slug, profile in catalog.profiles().items():
-            if profile.is_debug:
-                continue
-            for gpus in profile.counts:
-                for period in PASS_PERIODS:
-                    price = catalog.pass_price(slug, gpus, period)
-                    offers.append(
-                        {"profile": slug, "gpus": gpus, "period": period, "price": str(price)}
-                    )
-        return offers
-
     @web.authenticated
     async def get(self, name):
         self.check_user(name)
         held = await asyncio.to_thread(self.ledger.passes, name)
         catalog = await self.catalog()
-        self.send({"passes": [_pass_json(p) for p in held], "offers": self.offers(catalog)})
+        offers = [
+            {k: offer[k] for k in ("profile", "gpus", "period", "price")}
+            for offer in actions.pass_offers(catalog)
+        ]
+        self.send({"passes": [_pass_json(p) for p in held], "offers": offers})
 
     @web.authenticated
     async def post(self, name):
@@ -290,30 +280,19 @@ class PassesHandler(BillingHandler):
         body = self.json_body()
         catalog = await self.catalog()
         try:
-            choice = catalog.parse({"profile": body.get("profile"), "gpus": body.get("gpus")})
-            period = body.get("period")
-            price = catalog.pass_price(choice.profile.slug, choice.gpus, period)
-        except InvalidChoice as e:
-            raise web.HTTPError(400, "%s", str(e)) from None
-        key = body.get("key") or str(uuid.uuid4())
-        if not isinstance(key, str) or len(key) > 120:
-            raise web.HTTPError(400, "key must be a string of at most 120 characters")
-        try:
             held = await asyncio.to_thread(
-                self.ledger.buy_pass,
+                actions.buy_pass,
+                self.ledger,
+                catalog,
                 name,
-                choice.profile.slug,
-                choice.gpus,
-                period,
-                to_micros(price),
-                PASS_PERIODS[period][0],
-                f"pass:api:{key}",
-                choice.label,
+                body.get("profile"),
+                body.get("gpus"),
+                body.get("period"),
+                body.get("key") or str(uuid.uuid4()),
+                "api",
             )
-        except InsufficientCredit as e:
-            raise web.HTTPError(402, "%s", str(e)) from None
-        except KeyConflict:
-            raise web.HTTPError(409, "That key was already used for a different purchase") from None
+        except actions.ActionError as e:
+            raise web.HTTPError(e.status, "%s", e.message) from None
         self.send(_pass_json(held), status=201)
 
 

@@ -21,7 +21,8 @@ from billing_hooks.settings import BillingSettings
 from spawner.local import LocalGPUSpawner
 from spawner.sandbox import bwrap_works
 
-from .config import ConfigError, apply_config, demo_pool_dir
+from .accounts import AccountError, add_user
+from .config import ConfigError, apply_config, demo_pool_dir, template_vars
 from .demo_pool import ensure_demo_pool
 
 ADMIN_SERVICE = "meterhub-admin"
@@ -133,7 +134,12 @@ def runtime_config(
     admin = site["admin_users"][0]
     password_file = os.path.join(data_dir, "admin-password")
     password, created = _secret_file(password_file)
-    c.SharedPasswordAuthenticator.admin_password = password
+    if site["auth"]["type"] == "native":
+        # the first admin signs in on the normal login page with the printed password
+        try:
+            add_user(site, admin, password, admin=True, replace=created)
+        except AccountError:
+            pass  # made earlier; its password may have been changed since
     services, roles = billing_service(site, config_path)
     token = environ.get("METERHUB_ADMIN_TOKEN")
     if token:
@@ -144,7 +150,7 @@ def runtime_config(
     c.JupyterHub.services = services
     c.JupyterHub.load_roles = roles
     warning = sandbox_warning(site)
-    c.JupyterHub.template_vars = {"meterhub_sandbox_warning": warning}
+    c.JupyterHub.template_vars = template_vars(site, warning)
     return {
         "admin": admin,
         "password": password if created else None,

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import csv
 import sys
 import uuid
 from decimal import Decimal
@@ -10,8 +9,9 @@ from decimal import Decimal
 from sqlalchemy import create_engine, select, text
 from traitlets.config import Config
 
-from billing_hooks.money import AmountError, format_duration, format_money, parse_amount
-from billing_hooks.orm import Entry, MeteredSession, Wallet
+from billing_hooks import actions
+from billing_hooks.money import format_duration, format_money
+from billing_hooks.orm import Entry, Wallet
 from billing_hooks.settings import BillingSettings
 
 from .config import ConfigError, apply_config, load_site_config
@@ -42,16 +42,24 @@ def _require_user(c: Config, name: str) -> None:
 
 def credit_grant(args) -> int:
     c, settings = _load(args)
-    try:
-        micros = parse_amount(args.amount, maximum=Decimal(settings.max_grant))
-    except AmountError as e:
-        raise CliError(str(e)) from None
     _require_user(c, args.user)
     ledger = settings.ledger()
-    entry = ledger.grant(args.user, micros, key=f"grant:cli:{uuid.uuid4()}", note=args.note or "")
+    try:
+        entry = actions.grant(
+            ledger,
+            args.user,
+            args.amount,
+            args.note or "",
+            str(uuid.uuid4()),
+            Decimal(settings.max_grant),
+            "cli",
+        )
+    except actions.ActionError as e:
+        raise CliError(e.message) from None
     print(
-        f"granted {format_money(micros, settings.currency, symbol=False)} to {args.user};"
-        f" balance {format_money(entry.balance_after_micros, settings.currency, symbol=False)}"
+        f"granted {format_money(entry.amount_micros, settings.currency, symbol=False)} to"
+        f" {args.user}; balance"
+        f" {format_money(entry.balance_after_micros, settings.currency, symbol=False)}"
     )
     return 0
 
@@ -81,55 +89,15 @@ def usage(args) -> int:
     c, settings = _load(args)
     _require_user(c, args.user)
     ledger = settings.ledger()
-    rows = []
-    with ledger.begin() as db:
-        sessions = db.scalars(
-            select(MeteredSession)
-            .where(MeteredSession.user_name == args.user)
-            .order_by(MeteredSession.id)
-        ).all()
-        for session in sessions:
-            cost = -sum(
-                db.scalars(select(Entry.amount_micros).where(Entry.session_id == session.id)).all()
-            )
-            seconds = (session.metered_through - session.ready_at) if session.ready_at else 0
-            label = (
-                session.profile
-                if session.profile == "debug"
-                else f"{session.gpus}x{session.profile}"
-            )
-            rows.append(
-                (session.id, label, session.started_at, session.stopped_at or "", seconds, cost)
-            )
     if args.csv:
-        out = csv.writer(sys.stdout)
-        out.writerow(
-            [
-                "session",
-                "profile",
-                "started_at",
-                "stopped_at",
-                "seconds",
-                f"cost_{settings.currency}",
-            ]
+        sys.stdout.write(actions.usage_csv(ledger, args.user))
+        return 0
+    for sid, label, _started, stopped, seconds, cost in actions.usage_rows(ledger, args.user):
+        state = "running" if stopped == "" else "stopped"
+        print(
+            f"{sid:>6}  {label:<12} {format_duration(seconds):>12}"
+            f"  {format_money(cost, settings.currency, symbol=False):>12}  {state}"
         )
-        for sid, label, started, stopped, seconds, cost in rows:
-            out.writerow(
-                [
-                    sid,
-                    label,
-                    started,
-                    stopped,
-                    seconds,
-                    format_money(cost, settings.currency, symbol=False).split()[0],
-                ]
-            )
-    else:
-        for sid, label, _started, stopped, seconds, cost in rows:
-            state = "running" if stopped == "" else "stopped"
-            print(
-                f"{sid:>6}  {label:<12} {format_duration(seconds):>12}  {format_money(cost, settings.currency, symbol=False):>12}  {state}"
-            )
     return 0
 
 

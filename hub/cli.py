@@ -37,6 +37,33 @@ def _render_k8s(args) -> int:
     return 0
 
 
+def _user_add(args) -> int:
+    from .accounts import AccountError, add_user
+    from .config import load_site_config
+
+    site = load_site_config(args.config)
+    if site["auth"]["type"] != "native":
+        raise CliError(f"auth.type is {site['auth']['type']!r}: accounts come from the provider")
+    if not args.password_stdin:
+        raise CliError("give the password on standard input with --password-stdin")
+    password = sys.stdin.read().rstrip("\r\n")
+    try:
+        add_user(site, args.name, password, admin=args.admin)
+    except AccountError as e:
+        raise CliError(str(e)) from None
+    from traitlets.config import Config
+
+    from billing_hooks.settings import BillingSettings
+
+    from .config import apply_config
+
+    settings = BillingSettings(config=apply_config(site, Config()))
+    settings.ledger().ensure_user(args.name)  # the trial credit, as for any new account
+    role = "admin" if args.admin else "user"
+    print(f"created {role} {args.name!r}; sign in at /hub/login")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="meterhub", description="GPU notebooks by the hour.")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -58,6 +85,19 @@ def build_parser() -> argparse.ArgumentParser:
         "--group", action="append", help="a JupyterHub group of the user (repeatable)"
     )
     render.set_defaults(func=_render_k8s)
+    user = commands.add_parser("user", help="local accounts").add_subparsers(
+        dest="action", required=True
+    )
+    add = user.add_parser(
+        "add",
+        help="create an account that signs in on the login page",
+        description="Reads the password from standard input (e.g. `printf %s PW | ...`).",
+    )
+    add.add_argument("name")
+    add.add_argument("--admin", action="store_true", help="make the account a hub admin")
+    add.add_argument("--password-stdin", action="store_true", help="read the password from stdin")
+    add.add_argument("--config", help="site config (YAML); default: the embedded default")
+    add.set_defaults(func=_user_add)
     from .billing_cli import add_commands
 
     add_commands(commands)

@@ -127,6 +127,11 @@ def complete(site: dict, cwd: str | None = None) -> dict:
     local.setdefault("uid_base", 200000)
     local.setdefault("disk_mount_path", "/home/jovyan")
     site.setdefault("profiles", {})
+    auth = site.setdefault("auth", {})
+    auth.setdefault("type", "native")
+    auth.setdefault("enable_signup", True)
+    auth.setdefault("open_signup", False)
+    auth.setdefault("minimum_password_length", 8)
     site.setdefault("backend", "local")
     kube = site.setdefault("kubernetes", {})
     kube.setdefault("image", KUBE_IMAGE)
@@ -158,18 +163,99 @@ def apply_config(site: dict, c: Config) -> Config:
     c.JupyterHub.template_paths = [TEMPLATES]
     c.JupyterHub.hub_port = site["hub"]["api_port"]
     c.ConfigurableHTTPProxy.api_url = f"http://127.0.0.1:{site['hub']['proxy_api_port']}"
-    c.JupyterHub.authenticator_class = "shared-password"
     c.Authenticator.admin_users = set(site["admin_users"])
-    # Only the admins can sign in with the shared password until accounts arrive (issue 5);
-    # users created through the admin API are allowed as existing users.
-    c.Authenticator.allowed_users = set(site["admin_users"])
+    apply_auth(site, c)
 
     apply_spawner_config(site, c)
     return c
 
 
+OAUTH_CLASSES = {
+    "github": "oauthenticator.github.GitHubOAuthenticator",
+    "gitlab": "oauthenticator.gitlab.GitLabOAuthenticator",
+    "generic-oauth": "oauthenticator.generic.GenericOAuthenticator",
+}
+
+
+def apply_auth(site: dict, c: Config) -> Config:
+    """The authenticator: local accounts (NativeAuthenticator) or an OAuth provider."""
+    auth = site["auth"]
+    if auth["type"] == "native":
+        import nativeauthenticator
+
+        c.JupyterHub.authenticator_class = "hub.auth.MeterNativeAuthenticator"
+        n = c.NativeAuthenticator
+        n.enable_signup = auth["enable_signup"]
+        n.open_signup = auth["open_signup"]
+        n.minimum_password_length = auth["minimum_password_length"]
+        n.check_common_password = True
+        # NativeAuthenticator decides who may sign in (authorized accounts)
+        n.allow_all = True
+        templates = os.path.join(os.path.dirname(nativeauthenticator.__file__), "templates")
+        c.JupyterHub.template_paths = [TEMPLATES, templates]
+        return c
+    oauth = dict(auth.get("oauth", {}))
+    kind = auth["type"]
+    c.JupyterHub.authenticator_class = OAUTH_CLASSES[kind]
+    section = c[OAUTH_CLASSES[kind].rsplit(".", 1)[1]]
+    for key in ("client_id", "client_secret"):
+        if key in oauth:
+            setattr(section, key, oauth[key])
+    if os.environ.get("METERHUB_OAUTH_CLIENT_SECRET"):
+        section.client_secret = os.environ["METERHUB_OAUTH_CLIENT_SECRET"]
+    if "callback_url" in oauth:
+        section.oauth_callback_url = oauth["callback_url"]
+    section.allow_all = oauth.get("allow_all", False)
+    if oauth.get("allowed_users"):
+        section.allowed_users = set(oauth["allowed_users"])
+    groups = set(oauth.get("allowed_groups", []))
+    if kind == "github" and groups:
+        section.allowed_organizations = groups
+    elif kind == "gitlab":
+        if groups:
+            section.allowed_gitlab_groups = groups
+        if "gitlab_url" in oauth:
+            section.gitlab_url = oauth["gitlab_url"]
+    elif kind == "generic-oauth":
+        for key in ("authorize_url", "token_url", "userdata_url"):
+            if key in oauth:
+                setattr(section, key, oauth[key])
+        section.username_claim = oauth.get("username_claim", "preferred_username")
+        section.scope = list(oauth.get("scope", ["openid", "profile", "email"]))
+        if groups:
+            # the provider's groups become JupyterHub groups (also for profiles.allowed_groups)
+            section.manage_groups = True
+            section.auth_state_groups_key = "oauth_user." + oauth.get("groups_claim", "groups")
+            section.allowed_groups = groups
+    return c
+
+
+def template_vars(site: dict, sandbox_warning: str = "") -> dict:
+    """What meterhub's page templates need to know about the site."""
+    native = site["auth"]["type"] == "native"
+    return {
+        "meterhub_native_auth": native,
+        "meterhub_signup": native and site["auth"]["enable_signup"],
+        "meterhub_sandbox_warning": sandbox_warning,
+    }
+
+
+#: the Wallet and billing admin pages (hub handlers; tornado imports them by name)
+PAGE_HANDLERS = [
+    (r"/wallet", "hub.pages.WalletPage"),
+    (r"/wallet/passes", "hub.pages.WalletPassesPage"),
+    (r"/wallet/usage.csv", "hub.pages.WalletCsv"),
+    (r"/billing-admin", "hub.pages.BillingAdminPage"),
+    (r"/billing-admin/grant", "hub.pages.BillingAdminGrant"),
+]
+
+
 def apply_spawner_config(site: dict, c: Config) -> Config:
-    """The spawner, catalog and billing half of the config, shared with the Helm chart's hub."""
+    """The spawner, catalog, billing and pages half of the config, shared with the Helm
+    chart's hub."""
+    # JupyterHub 3.1 deprecated extra_handlers in favour of services, but these pages must
+    # be hub pages: JupyterHub's templates and navigation bar, its sign-in and XSRF checks
+    c.JupyterHub.extra_handlers = list(PAGE_HANDLERS)
     if site["backend"] == "kubernetes":
         c.JupyterHub.spawner_class = "spawner.kube.KubeGPUSpawner"
         apply_kubernetes(site, c)

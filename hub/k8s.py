@@ -35,7 +35,12 @@ def configure(c: Config, path: str | None = None) -> dict:
         c.KubeSpawner.pop(name, None)
     apply_spawner_config(site, c)
     c.JupyterHub.template_paths = [TEMPLATES]
-    # pods are isolated by Kubernetes; the local sandbox warning does not apply
-    c.JupyterHub.template_vars = {"meterhub_sandbox_warning": ""}
+    # z2jh configures the authenticator (its hub.config); pods are isolated by Kubernetes,
+    # so the local sandbox warning does not apply
+    c.JupyterHub.template_vars = {
+        "meterhub_native_auth": False,
+        "meterhub_signup": False,
+        "meterhub_sandbox_warning": "",
+    }
     register_trial_credit(c)
     return site

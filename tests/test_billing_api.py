@@ -67,7 +67,7 @@ def test_admin_grants_idempotently_and_bad_input_gets_4xx(api_hub):
         (b'{"amount": "1.001"}', "decimals"),
         (b'{"amount": 1.5}', "number"),
         (b'{"amount": "1e9"}', "below"),
-        (b'{"amount": "5", "key": 7}', "strings"),
+        (b'{"amount": "5", "key": 7}', "key must be a string"),
     ]:
         r = billing(api_hub, "POST", "/users/ben/grants", ADMIN_TOKEN, data=body)
         assert r.status_code == 400 and why in r.json()["message"], (body, r.text)

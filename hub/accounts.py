@@ -1,0 +1,73 @@
+"""Local accounts: NativeAuthenticator's users, made from the command line or at first start.
+
+`meterhub user add NAME [--admin] --password-stdin` writes the same rows NativeAuthenticator
+writes at sign-up (a bcrypt hash in its `users_info` table, authorized) plus the hub's user
+row, in the hub's database, so the account signs in on the normal login page at once. It
+also opens the wallet with the trial credit, as the hub does for accounts it creates.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+
+import bcrypt
+
+NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{0,63}$")
+
+
+class AccountError(ValueError):
+    """An account that cannot be made; the message is for people."""
+
+
+def hub_db_url(site: dict) -> str:
+    return "sqlite:///" + os.path.join(site["data_dir"], "jupyterhub.sqlite")
+
+
+def check_password(site: dict, password: str) -> None:
+    minimum = site["auth"]["minimum_password_length"]
+    if len(password) < minimum:
+        raise AccountError(f"the password is too short: at least {minimum} characters")
+    from nativeauthenticator import NativeAuthenticator
+
+    if NativeAuthenticator(add_new_table=False).is_password_common(password):
+        raise AccountError("that password is one of the most common ones; choose another")
+
+
+def add_user(site: dict, name: str, password: str, admin: bool = False, replace: bool = False):
+    """Create (or with `replace`, reset) a local account that can sign in; returns created."""
+    if not NAME.match(name):
+        raise AccountError(
+            f"invalid user name {name!r}: lower-case letters, digits, '.', '_' or '-',"
+            " starting with a letter or digit, at most 64 characters"
+        )
+    check_password(site, password)
+    from jupyterhub import orm
+    from nativeauthenticator.orm import UserInfo
+
+    os.makedirs(site["data_dir"], mode=0o711, exist_ok=True)
+    logging.getLogger("alembic").setLevel(logging.WARNING)  # no migration chatter in the CLI
+    # JupyterHub's own factory: creates (and stamps) a new hub database exactly as the hub would
+    db = orm.new_session_factory(hub_db_url(site))()
+    try:
+        info = UserInfo.find(db, name)
+        if info is not None and not replace:
+            raise AccountError(f"user {name!r} already exists")
+        user = orm.User.find(db, name)
+        if user is None:
+            user = orm.User(name=name)
+            db.add(user)
+        if admin:
+            user.admin = True
+        hashed = bcrypt.hashpw(password.encode(), bcrypt.gensalt())
+        created = info is None
+        if created:
+            db.add(UserInfo(username=name, password=hashed, is_authorized=True))
+        else:
+            info.password = hashed
+            info.is_authorized = True
+        db.commit()
+        return created
+    finally:
+        db.close()

@@ -1,0 +1,300 @@
+"""The hub's own pages beside JupyterHub's: the Wallet and the billing admin view.
+
+Both are hub handlers (JupyterHub's templates, sign-in, XSRF checks on every form) that call
+the same code as the CLI and the REST API (`billing_hooks.actions`). A user sees only their
+own wallet; the admin view is for hub admins only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import html
+import time
+import uuid
+from datetime import UTC, datetime
+from decimal import Decimal
+
+from jupyterhub.handlers import BaseHandler
+from sqlalchemy import select
+from tornado import web
+
+from billing_hooks import actions
+from billing_hooks.api import usage_json, wallet_json
+from billing_hooks.money import CURRENCY_SYMBOLS, accrued, format_money
+from billing_hooks.orm import Entry, MeteredSession, Wallet
+from billing_hooks.settings import BillingSettings, priced_catalog
+
+DAY = 86_400
+PLOT_DAYS = 30
+PROFILE_COLOURS = {
+    "debug": "#8c8c8c",
+    "rtx4090": "#2b8a3e",
+    "a800": "#1864ab",
+    "h800": "#c2255c",
+}
+
+
+def when(epoch: int | None) -> str:
+    if epoch is None:
+        return ""
+    return datetime.fromtimestamp(epoch, UTC).strftime("%Y-%m-%d %H:%M UTC")
+
+
+def daily_costs(ledger, user: str, now: int, days: int = PLOT_DAYS) -> list[dict]:
+    """Charges of the last `days` days, per UTC day and profile (for the plot)."""
+    first = (now // DAY - days + 1) * DAY
+    totals: dict[tuple[int, str], int] = {}
+    with ledger.begin() as db:
+        rows = db.execute(
+            select(Entry.created_at, Entry.amount_micros, MeteredSession.profile)
+            .join(MeteredSession, MeteredSession.id == Entry.session_id)
+            .where(
+                MeteredSession.user_name == user,
+                Entry.kind == "charge",
+                Entry.created_at >= first,
+            )
+        ).all()
+    for created, amount, profile in rows:
+        key = ((created - first) // DAY, profile)
+        totals[key] = totals.get(key, 0) - amount
+    return [
+        {"day": day, "profile": profile, "micros": micros}
+        for (day, profile), micros in sorted(totals.items())
+        if micros > 0
+    ]
+
+
+def plot_svg(costs: list[dict], now: int, currency: str, days: int = PLOT_DAYS) -> str:
+    """A stacked bar per day, coloured by profile; plain SVG, no JavaScript."""
+    width, height, left, bottom = 640, 180, 48, 22
+    bar = (width - left) / days
+    per_day: dict[int, int] = {}
+    for c in costs:
+        per_day[c["day"]] = per_day.get(c["day"], 0) + c["micros"]
+    top = max(per_day.values(), default=0) or 1
+    scale = (height - bottom - 8) / top
+    parts = [
+        f'<svg class="meterhub-plot" viewBox="0 0 {width} {height}" role="img"'
+        f' aria-label="Spending of the last {days} days by profile"'
+        ' xmlns="http://www.w3.org/2000/svg">',
+        f'<line x1="{left}" y1="{height - bottom}" x2="{width}" y2="{height - bottom}"'
+        ' stroke="currentColor" stroke-opacity="0.4"/>',
+        f'<text x="{left - 4}" y="14" text-anchor="end" font-size="10" fill="currentColor">'
+        f"{html.escape(format_money(top, currency))}</text>",
+    ]
+    stacked: dict[int, float] = {}
+    for c in costs:
+        h = c["micros"] * scale
+        y = height - bottom - stacked.get(c["day"], 0) - h
+        stacked[c["day"]] = stacked.get(c["day"], 0) + h
+        colour = PROFILE_COLOURS.get(c["profile"], "#666")
+        parts.append(
+            f'<rect x="{left + c["day"] * bar + 1:.1f}" y="{y:.1f}" width="{bar - 2:.1f}"'
+            f' height="{h:.1f}" fill="{colour}"><title>{c["profile"]}:'
+            f" {format_money(c['micros'], currency)}</title></rect>"
+        )
+    first = now // DAY - days + 1
+    for day in (0, days // 2, days - 1):
+        label = datetime.fromtimestamp((first + day) * DAY, UTC).strftime("%m-%d")
+        parts.append(
+            f'<text x="{left + day * bar + bar / 2:.1f}" y="{height - 6}" font-size="10"'
+            f' text-anchor="middle" fill="currentColor">{label}</text>'
+        )
+    parts.append("</svg>")
+    return "".join(parts)
+
+
+class MeterhubPage(BaseHandler):
+    """A hub page that reads the ledger (in a thread, off the event loop)."""
+
+    @property
+    def billing(self) -> BillingSettings:
+        return BillingSettings(config=self.settings["config"])
+
+    def money(self, micros: int) -> str:
+        return format_money(micros, self.billing.currency)
+
+    def render_page(self, template: str, status: int = 200, **ns):
+        self.set_status(status)
+        self.set_header("Content-Type", "text/html; charset=UTF-8")
+        settings = self.billing
+        html = self.render_template(
+            template,
+            sync=True,
+            money=self.money,
+            when=when,
+            currency=settings.currency,
+            currency_symbol=CURRENCY_SYMBOLS.get(settings.currency, settings.currency + " "),
+            **ns,
+        )
+        self.finish(html)
+
+
+class WalletPage(MeterhubPage):
+    async def wallet(self) -> dict:
+        user = self.current_user.name
+        ledger = self.billing.ledger()
+        now = int(time.time())
+
+        def read():
+            ledger.ensure_user(user)
+            wallet = wallet_json(ledger, user)
+            # the running cost to this second: charged so far plus what accrued since
+            for session, running in zip(ledger.open_sessions(user), wallet["running"], strict=True):
+                since = max(0, now - session.metered_through) if session.ready_at else 0
+                running["live_cost"] = self.money(
+                    running["cost_micros"] + accrued(session.rate_micros_per_hour, since)
+                )
+            catalog = priced_catalog(self.settings["config"], ledger)
+            return {
+                "wallet": wallet,
+                "usage": usage_json(ledger, user, 50),
+                "passes": ledger.passes(user),
+                "offers": actions.pass_offers(catalog),
+                "notifications": ledger.notifications(user)[-10:],
+                "plot": plot_svg(daily_costs(ledger, user, now), now, ledger.currency),
+                "now": now,
+            }
+
+        return await asyncio.to_thread(read)
+
+    @web.authenticated
+    async def get(self):
+        await self.show()
+
+    async def show(self, message: str = "", error: str = "", status: int = 200):
+        data = await self.wallet()
+        self.render_page(
+            "wallet.html",
+            status=status,
+            message=message,
+            error=error,
+            purchase_key=str(uuid.uuid4()),
+            **data,
+        )
+
+
+class WalletPassesPage(WalletPage):
+    @web.authenticated
+    async def post(self):
+        ledger = self.billing.ledger()
+        offer = self.get_body_argument("offer", "")
+        try:
+            profile, gpus, period = offer.split(":")
+        except ValueError:
+            await self.show(error="Choose a pass to buy.", status=400)
+            return
+        catalog = await asyncio.to_thread(priced_catalog, self.settings["config"], ledger)
+        try:
+            held = await asyncio.to_thread(
+                actions.buy_pass,
+                ledger,
+                catalog,
+                self.current_user.name,
+                profile,
+                gpus,
+                period,
+                self.get_body_argument("key", ""),
+                "page",
+            )
+        except actions.ActionError as e:
+            await self.show(error=e.message, status=e.status)
+            return
+        await self.show(
+            message=f"Bought a {held.period} pass for {held.gpus} × {profile.upper()}"
+            f" ({self.money(held.price_micros)}), valid until {when(held.ends_at)}."
+        )
+
+
+class WalletCsv(MeterhubPage):
+    @web.authenticated
+    async def get(self):
+        ledger = self.billing.ledger()
+        text = await asyncio.to_thread(actions.usage_csv, ledger, self.current_user.name)
+        self.set_header("Content-Type", "text/csv; charset=utf-8")
+        self.set_header("Content-Disposition", 'attachment; filename="meterhub-usage.csv"')
+        self.finish(text)
+
+
+class BillingAdminPage(MeterhubPage):
+    def check_admin(self) -> None:
+        if not self.current_user.admin:
+            raise web.HTTPError(403, "The billing admin view is for hub admins")
+
+    async def overview(self) -> dict:
+        ledger = self.billing.ledger()
+        config = self.settings["config"]
+
+        def read():
+            with ledger.begin() as db:
+                wallets = db.scalars(
+                    select(Wallet).where(Wallet.owner_kind == "user").order_by(Wallet.owner_name)
+                ).all()
+                entries = db.execute(
+                    select(Entry, Wallet.owner_name)
+                    .join(Wallet, Wallet.id == Entry.wallet_id)
+                    .order_by(Entry.id.desc())
+                    .limit(30)
+                ).all()
+            running = ledger.open_sessions()
+            by_user: dict[str, list] = {}
+            for session in running:
+                by_user.setdefault(session.user_name, []).append(session)
+            catalog = priced_catalog(config, ledger)
+            return {
+                "wallets": wallets,
+                "running": by_user,
+                "entries": entries,
+                "prices": list(catalog.profiles().values()),
+                "problems": ledger.audit(),
+            }
+
+        return await asyncio.to_thread(read)
+
+    @web.authenticated
+    async def get(self):
+        self.check_admin()
+        await self.show()
+
+    async def show(self, message: str = "", error: str = "", status: int = 200):
+        data = await self.overview()
+        self.render_page(
+            "billing_admin.html",
+            status=status,
+            message=message,
+            error=error,
+            grant_key=str(uuid.uuid4()),
+            sandbox_warning=self.settings.get("template_vars", {}).get(
+                "meterhub_sandbox_warning", ""
+            ),
+            **data,
+        )
+
+
+class BillingAdminGrant(BillingAdminPage):
+    @web.authenticated
+    async def post(self):
+        self.check_admin()
+        name = self.get_body_argument("user", "").strip()
+        if self.find_user(name) is None:
+            await self.show(error=f"No such user: {name!r}", status=404)
+            return
+        ledger = self.billing.ledger()
+        try:
+            entry = await asyncio.to_thread(
+                actions.grant,
+                ledger,
+                name,
+                self.get_body_argument("amount", ""),
+                self.get_body_argument("note", ""),
+                self.get_body_argument("key", ""),
+                Decimal(self.billing.max_grant),
+                "page",
+            )
+        except actions.ActionError as e:
+            await self.show(error=e.message, status=e.status)
+            return
+        await self.show(
+            message=f"Granted {self.money(entry.amount_micros)} to {name};"
+            f" balance {self.money(entry.balance_after_micros)}."
+        )
