@@ -110,6 +110,8 @@ def billing_service(site: dict, config_path: str | None) -> tuple[list[dict], li
         "url": f"http://127.0.0.1:{site['hub']['billing_port']}",
         "cwd": os.getcwd(),
         "environment": {"PYTHONUNBUFFERED": "1"},
+        # the navigation bar links the Wallet page instead
+        "display": False,
     }
     role = {
         "name": "meterhub-billing",

@@ -94,11 +94,12 @@ def plot_svg(costs: list[dict], now: int, currency: str, days: int = PLOT_DAYS) 
             f" {format_money(c['micros'], currency)}</title></rect>"
         )
     first = now // DAY - days + 1
-    for day in (0, days // 2, days - 1):
+    for day, anchor in ((0, "start"), (days // 2, "middle"), (days - 1, "end")):
         label = datetime.fromtimestamp((first + day) * DAY, UTC).strftime("%m-%d")
+        x = left + day * bar + (bar if anchor == "end" else 0 if anchor == "start" else bar / 2)
         parts.append(
-            f'<text x="{left + day * bar + bar / 2:.1f}" y="{height - 6}" font-size="10"'
-            f' text-anchor="middle" fill="currentColor">{label}</text>'
+            f'<text x="{x:.1f}" y="{height - 6}" font-size="10"'
+            f' text-anchor="{anchor}" fill="currentColor">{label}</text>'
         )
     parts.append("</svg>")
     return "".join(parts)

@@ -24,3 +24,10 @@ def test_every_schema_key_is_documented():
         "hub.api_port",
     ):
         assert f"`{key}`" in text
+
+
+def test_readme_shows_the_spawn_page():
+    readme = (ROOT / "README.md").read_text()
+    assert "](docs/images/spawn-page.png)" in readme
+    image = ROOT / "docs" / "images" / "spawn-page.png"
+    assert image.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

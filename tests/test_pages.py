@@ -1,0 +1,265 @@
+"""The pages people use, in a real browser: Debian's Chromium driven by Playwright.
+
+Sign-in with an account made by `meterhub user add`, the spawn page's cards, starting debug
+mode into JupyterLab, the Wallet after a stop, the admin view and its grant. Screenshots of
+each page go to test-output/pages/.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import requests
+
+from .hubprocess import ADMIN_TOKEN, until
+
+METERHUB = str(Path(sys.executable).parent / "meterhub")
+CHROMIUM = "/usr/bin/chromium"
+SHOTS = Path(__file__).resolve().parent.parent / "test-output" / "pages"
+PASSWORD = "correct-horse-battery-staple"
+
+pytestmark = pytest.mark.skipif(
+    not Path(CHROMIUM).exists(), reason="Chromium is installed by `make test`"
+)
+
+
+@pytest.fixture(scope="module")
+def site_hub(hub_factory):
+    hub = hub_factory(
+        {
+            "gpus": [{"type": "a800", "count": 2}, {"type": "rtx4090", "count": 1}],
+            # 36.00/h is 0.01 a second: a short session shows a real cost; 2 × A800 at
+            # 80.00/h is more than a new account's 10.00 covers for 10 minutes
+            "profiles": {"debug": {"price_per_hour": "36.00"}, "a800": {"price_per_hour": 40}},
+        },
+        name="pages",
+    )
+    for name, admin in (("stu", False), ("vic", False)):
+        add = [METERHUB, "user", "add", name, "--password-stdin", "--config", str(hub.config_path)]
+        out = subprocess.run(
+            add + (["--admin"] if admin else []),
+            input=PASSWORD,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert out.returncode == 0, out.stderr
+    return hub
+
+
+@pytest.fixture(scope="module")
+def browser():
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        chromium = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+        yield chromium
+        chromium.close()
+
+
+def sign_in(browser, hub, name: str, password: str = PASSWORD, **context):
+    page = browser.new_context(**context).new_page()
+    page.goto(f"{hub.url}/hub/login")
+    page.fill("input[name=username]", name)
+    page.fill("input[name=password]", password)
+    page.click("input[type=submit]")
+    page.wait_for_url(re.compile(r".*/hub/(spawn|home).*"))
+    return page
+
+
+def admin_password(hub) -> str:
+    return (Path(hub.data_dir) / "admin-password").read_text().strip()
+
+
+def shot(page, name: str) -> None:
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(SHOTS / f"{name}.png"), full_page=True)
+
+
+def test_login_page_offers_sign_up_and_refuses_a_wrong_password(site_hub, browser):
+    page = browser.new_page()
+    page.goto(f"{site_hub.url}/hub/login")
+    assert page.locator("#meterhub-signup a").get_attribute("href").endswith("/hub/signup")
+    page.fill("input[name=username]", "stu")
+    page.fill("input[name=password]", "not-the-password")
+    page.click("input[type=submit]")
+    page.wait_for_load_state()
+    assert "/hub/login" in page.url
+    assert "Invalid username or password" in page.content()
+    shot(page, "login")
+    page.close()
+
+
+def test_spawn_page_shows_cards_prices_balance_and_reasons(site_hub, browser):
+    page = sign_in(browser, site_hub, "stu")
+    page.goto(f"{site_hub.url}/hub/spawn")
+    cards = {
+        slug: page.locator(f"#profile-{slug}") for slug in ("debug", "rtx4090", "a800", "h800")
+    }
+    assert cards["rtx4090"].locator(".meterhub-name").inner_text() == "RTX 4090"
+    assert cards["a800"].locator(".meterhub-name").inner_text() == "A800"
+    assert cards["h800"].locator(".meterhub-name").inner_text() == "H800"
+    assert cards["rtx4090"].locator(".meterhub-price").inner_text() == "¥1.25/GPU-hour"
+    assert cards["a800"].locator(".meterhub-price").inner_text() == "¥40.00/GPU-hour"
+    assert cards["h800"].locator(".meterhub-price").inner_text() == "¥6.67/GPU-hour"
+    assert "24 GB VRAM" in cards["rtx4090"].inner_text()
+    assert "1 of 1 free now" in cards["rtx4090"].inner_text()
+    assert "no GPU, same disk" in cards["debug"].inner_text()
+    assert cards["debug"].locator(".meterhub-price").inner_text() == "¥36.00/h"
+    assert page.locator("#meterhub-form-balance").inner_text() == "Your balance: ¥10.00"
+    # unavailable: no H800 here
+    assert cards["h800"].locator("input[name=profile]").is_disabled()
+    assert "No H800 on this machine" in cards["h800"].inner_text()
+    # unaffordable: 2 × A800 is ¥80.00/h, ten minutes of it is more than ¥10.00
+    two = cards["a800"].locator("input[name=gpus_a800][value='2']")
+    assert two.is_disabled()
+    label = cards["a800"].locator("label.meterhub-count").nth(1).inner_text()
+    assert "2 × A800 — ¥80.00/h" in label and "(not enough credit)" in label
+    one = cards["a800"].locator("label.meterhub-count").nth(0).inner_text()
+    assert "≈ 15 min at this profile" in one  # ¥10.00 at ¥40.00/h
+    assert "≈ 16 min at this profile" in cards["debug"].inner_text()  # ¥10.00 at ¥36.00/h
+    shot(page, "spawn")
+    page.set_viewport_size({"width": 390, "height": 844})  # a phone
+    assert page.evaluate("document.documentElement.scrollWidth") <= 391
+    shot(page, "spawn-phone")
+    page.context.close()
+
+
+def test_debug_mode_lands_in_jupyterlab_and_the_wallet_shows_its_cost(site_hub, browser):
+    page = sign_in(browser, site_hub, "stu")
+    page.goto(f"{site_hub.url}/hub/spawn")
+    page.check("#profile-debug input[name=profile]")
+    page.click("form#spawn_form [type=submit]")
+    page.wait_for_url(re.compile(r".*/user/stu/lab.*"), timeout=120_000)
+    page.wait_for_selector("#jp-main-dock-panel", timeout=120_000)
+    shot(page, "jupyterlab")
+    r = site_hub.api("DELETE", "/users/stu/server")
+    assert r.status_code in (202, 204)
+    until(lambda: site_hub.server("stu") is None, "stu's server to stop")
+    page.goto(f"{site_hub.url}/hub/wallet")
+    out = subprocess.run(
+        [METERHUB, "usage", "stu", "--csv", "--config", str(site_hub.config_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    (session,) = list(csv.DictReader(io.StringIO(out.stdout)))
+    cost = session["cost_CNY"]
+    assert float(cost) > 0 and session["profile"] == "debug"
+    row = page.locator("#meterhub-usage tbody tr").first.inner_text()
+    assert "debug" in row and f"¥{cost}" in row and "stopped" in row
+    shown = page.locator("#meterhub-balance").inner_text()
+    ledger_line = (
+        subprocess.run(
+            [METERHUB, "credit", "show", "stu", "--config", str(site_hub.config_path)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        .stdout.strip()
+        .splitlines()[-1]
+    )
+    assert shown == "¥" + ledger_line.split()[0]
+    assert page.locator("svg.meterhub-plot rect").count() >= 1  # today's debug spending
+    csv_link = page.locator("#meterhub-csv").get_attribute("href")
+    assert csv_link.endswith("/hub/wallet/usage.csv")
+    shot(page, "wallet")
+    page.set_viewport_size({"width": 390, "height": 844})
+    assert page.evaluate("document.documentElement.scrollWidth") <= 391
+    shot(page, "wallet-phone")
+    page.context.close()
+
+
+def test_the_wallet_is_in_the_navigation_bar(site_hub, browser):
+    page = sign_in(browser, site_hub, "vic")
+    page.goto(f"{site_hub.url}/hub/home")
+    page.click("text=Wallet")
+    page.wait_for_url(re.compile(r".*/hub/wallet$"))
+    assert page.locator("#meterhub-balance").inner_text() == "¥10.00"
+    assert page.locator("a[href$=\"/hub/billing-admin\"]").count() == 0  # not an admin
+    page.context.close()
+
+
+def test_a_non_admin_cannot_open_the_admin_view(site_hub, browser):
+    page = sign_in(browser, site_hub, "vic")
+    response = page.goto(f"{site_hub.url}/hub/billing-admin")
+    assert response.status == 403
+    assert page.locator("#meterhub-billing-admin").count() == 0
+    page.context.close()
+
+
+def test_a_grant_in_the_admin_view_shows_in_the_users_wallet(site_hub, browser):
+    admin = sign_in(browser, site_hub, "admin", admin_password(site_hub))
+    admin.goto(f"{site_hub.url}/hub/billing-admin")
+    assert "Sound" in admin.locator("#meterhub-audit").inner_text()
+    assert "vic" in admin.locator("#meterhub-users").inner_text()
+    admin.fill("#grant-user", "vic")
+    admin.fill("#grant-amount", "12.50")
+    admin.fill("#grant-note", "course lab 3")
+    admin.click("#meterhub-grant button[type=submit]")
+    admin.wait_for_load_state()
+    assert "Granted ¥12.50 to vic; balance ¥22.50." in admin.content()
+    assert "course lab 3" in admin.locator("#meterhub-entries").inner_text()
+    shot(admin, "billing-admin")
+    admin.reload()  # re-posting the same form is what a reload does: never a second grant
+    user = sign_in(browser, site_hub, "vic")
+    user.goto(f"{site_hub.url}/hub/wallet")
+    assert user.locator("#meterhub-balance").inner_text() == "¥22.50"
+    admin.context.close()
+    user.context.close()
+
+
+def test_forms_without_their_xsrf_token_are_refused(site_hub):
+    s = requests.Session()
+    s.get(f"{site_hub.url}/hub/login")
+    r = s.post(
+        f"{site_hub.url}/hub/login",
+        data={
+            "username": "admin",
+            "password": admin_password(site_hub),
+            "_xsrf": s.cookies["_xsrf"],
+        },
+    )
+    assert r.ok
+    page = s.get(f"{site_hub.url}/hub/billing-admin").text
+    key = re.search(r'name="key" value="([^"]+)"', page).group(1)
+    for path, data in (
+        ("/hub/billing-admin/grant", {"user": "vic", "amount": "1.00", "key": key}),
+        ("/hub/wallet/passes", {"offer": "rtx4090:1:daily", "key": "x1"}),
+        ("/hub/spawn", {"profile": "debug"}),
+    ):
+        r = s.post(f"{site_hub.url}{path}", data=data, allow_redirects=False)
+        assert r.status_code == 403, (path, r.status_code)
+    balance = site_hub.api("GET", "/users/vic").status_code
+    assert balance == 200
+    wallet = requests.get(
+        f"{site_hub.url}/services/billing/api/v1/users/vic/wallet",
+        headers={"Authorization": f"token {ADMIN_TOKEN}"},
+        timeout=30,
+    ).json()
+    assert wallet["balance"] in ("10.00", "22.50")  # the refused grant wrote nothing
+
+
+def test_a_user_cannot_read_another_users_wallet(site_hub):
+    s = requests.Session()
+    s.get(f"{site_hub.url}/hub/login")
+    s.post(
+        f"{site_hub.url}/hub/login",
+        data={"username": "vic", "password": PASSWORD, "_xsrf": s.cookies["_xsrf"]},
+    )
+    token = site_hub.api("POST", "/users/vic/tokens", json={"note": "test"}).json()["token"]
+    r = requests.get(
+        f"{site_hub.url}/services/billing/api/v1/users/stu/wallet",
+        headers={"Authorization": f"token {token}"},
+        timeout=30,
+    )
+    assert r.status_code == 403
+    # the Wallet page has no user parameter: it shows the signed-in user's own wallet
+    page = s.get(f"{site_hub.url}/hub/wallet?user=stu").text
+    assert "No servers yet." in page  # vic's (stu has used debug mode)
