@@ -189,3 +189,48 @@ kubernetes:
     assert (k.debug_node_selector, k.uid) == ({"pool": "cpu"}, 1001)
     default = apply_config(load_site_config(None, cwd=str(tmp_path)), Config())
     assert default.JupyterHub.spawner_class == "spawner.local.LocalGPUSpawner"
+
+
+@pytest.mark.parametrize(
+    "auth, cls, expected",
+    [
+        (
+            "{type: github, oauth: {client_id: abc, client_secret: s3, callback_url: 'https://hub.example/hub/oauth_callback', allowed_groups: [lab-org]}}",
+            "GitHubOAuthenticator",
+            {"client_id": "abc", "client_secret": "s3", "allowed_organizations": {"lab-org"}},
+        ),
+        (
+            "{type: gitlab, oauth: {client_id: abc, gitlab_url: 'https://git.example', allowed_groups: [ml]}}",
+            "GitLabOAuthenticator",
+            {"gitlab_url": "https://git.example", "allowed_gitlab_groups": {"ml"}},
+        ),
+        (
+            "{type: generic-oauth, oauth: {client_id: abc, authorize_url: 'https://id.example/auth', token_url: 'https://id.example/token', userdata_url: 'https://id.example/userinfo', allowed_groups: [gpu-users]}}",
+            "GenericOAuthenticator",
+            {
+                "authorize_url": "https://id.example/auth",
+                "username_claim": "preferred_username",
+                "allowed_groups": {"gpu-users"},
+                "manage_groups": True,
+                "auth_state_groups_key": "oauth_user.groups",
+            },
+        ),
+    ],
+)
+def test_oauth_sign_in(tmp_path, auth, cls, expected):
+    c = apply_config(load_site_config(write(tmp_path, f"auth: {auth}")), Config())
+    assert c.JupyterHub.authenticator_class.endswith("." + cls)
+    for key, value in expected.items():
+        assert c[cls][key] == value, key
+
+
+def test_native_sign_in_is_the_default(tmp_path):
+    c = apply_config(load_site_config(None, cwd=str(tmp_path)), Config())
+    assert c.JupyterHub.authenticator_class == "hub.auth.MeterNativeAuthenticator"
+    assert c.NativeAuthenticator.open_signup is False
+    assert c.NativeAuthenticator.minimum_password_length == 8
+    path = write(tmp_path, "auth: {open_signup: true, enable_signup: false}")
+    c = apply_config(load_site_config(path), Config())
+    assert (
+        c.NativeAuthenticator.open_signup is True and c.NativeAuthenticator.enable_signup is False
+    )

@@ -182,7 +182,7 @@ def test_the_wallet_is_in_the_navigation_bar(site_hub, browser):
     page.click("text=Wallet")
     page.wait_for_url(re.compile(r".*/hub/wallet$"))
     assert page.locator("#meterhub-balance").inner_text() == "¥10.00"
-    assert page.locator("a[href$=\"/hub/billing-admin\"]").count() == 0  # not an admin
+    assert page.locator('a[href$="/hub/billing-admin"]').count() == 0  # not an admin
     page.context.close()
 
 
@@ -263,3 +263,40 @@ def test_a_user_cannot_read_another_users_wallet(site_hub):
     # the Wallet page has no user parameter: it shows the signed-in user's own wallet
     page = s.get(f"{site_hub.url}/hub/wallet?user=stu").text
     assert "No servers yet." in page  # vic's (stu has used debug mode)
+
+
+def test_sign_up_waits_for_an_admin_to_approve(site_hub):
+    s = requests.Session()
+    s.get(f"{site_hub.url}/hub/signup")
+    r = s.post(
+        f"{site_hub.url}/hub/signup",
+        data={
+            "username": "wes",
+            "signup_password": PASSWORD,
+            "signup_password_confirmation": PASSWORD,
+            "_xsrf": s.cookies["_xsrf"],
+        },
+    )
+    assert r.ok and "sent to the admin" in r.text
+
+    def sign_in_as_wes() -> int:
+        return s.post(
+            f"{site_hub.url}/hub/login",
+            data={"username": "wes", "password": PASSWORD, "_xsrf": s.cookies["_xsrf"]},
+            allow_redirects=False,
+        ).status_code
+
+    assert sign_in_as_wes() == 403  # not approved yet
+    admin = requests.Session()
+    admin.get(f"{site_hub.url}/hub/login")
+    admin.post(
+        f"{site_hub.url}/hub/login",
+        data={
+            "username": "admin",
+            "password": admin_password(site_hub),
+            "_xsrf": admin.cookies["_xsrf"],
+        },
+    )
+    assert "wes" in admin.get(f"{site_hub.url}/hub/authorize").text
+    assert admin.get(f"{site_hub.url}/hub/authorize/wes").ok
+    assert sign_in_as_wes() == 302  # signed in, sent on to the spawn page
