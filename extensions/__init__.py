@@ -1,1 +1,1 @@
-"""Placeholder: see issues 3 and 6."""
+"""What meterhub adds inside the notebook: the `public://` pool (issue 6)."""

@@ -82,6 +82,25 @@ def shot(page, name: str) -> None:
     page.screenshot(path=str(SHOTS / f"{name}.png"), full_page=True)
 
 
+def fits_a_phone(page, name: str) -> None:
+    """At a phone's width nothing scrolls sideways."""
+    page.set_viewport_size({"width": 390, "height": 844})
+    assert page.evaluate("document.documentElement.scrollWidth") <= 391
+    shot(page, f"{name}-phone")
+
+
+def session_of(hub, name: str, password: str = PASSWORD) -> requests.Session:
+    """A signed-in session without a browser, through the login form."""
+    s = requests.Session()
+    s.get(f"{hub.url}/hub/login")
+    r = s.post(
+        f"{hub.url}/hub/login",
+        data={"username": name, "password": password, "_xsrf": s.cookies["_xsrf"]},
+    )
+    assert r.ok and "/hub/login" not in r.url, r.status_code
+    return s
+
+
 def test_login_page_offers_sign_up_and_refuses_a_wrong_password(site_hub, browser):
     page = browser.new_page()
     page.goto(f"{site_hub.url}/hub/login")
@@ -125,9 +144,7 @@ def test_spawn_page_shows_cards_prices_balance_and_reasons(site_hub, browser):
     assert "≈ 15 min at this profile" in one  # ¥10.00 at ¥40.00/h
     assert "≈ 16 min at this profile" in cards["debug"].inner_text()  # ¥10.00 at ¥36.00/h
     shot(page, "spawn")
-    page.set_viewport_size({"width": 390, "height": 844})  # a phone
-    assert page.evaluate("document.documentElement.scrollWidth") <= 391
-    shot(page, "spawn-phone")
+    fits_a_phone(page, "spawn")
     page.context.close()
 
 
@@ -170,9 +187,7 @@ def test_debug_mode_lands_in_jupyterlab_and_the_wallet_shows_its_cost(site_hub, 
     csv_link = page.locator("#meterhub-csv").get_attribute("href")
     assert csv_link.endswith("/hub/wallet/usage.csv")
     shot(page, "wallet")
-    page.set_viewport_size({"width": 390, "height": 844})
-    assert page.evaluate("document.documentElement.scrollWidth") <= 391
-    shot(page, "wallet-phone")
+    fits_a_phone(page, "wallet")
     page.context.close()
 
 
@@ -216,17 +231,7 @@ def test_a_grant_in_the_admin_view_shows_in_the_users_wallet(site_hub, browser):
 
 
 def test_forms_without_their_xsrf_token_are_refused(site_hub):
-    s = requests.Session()
-    s.get(f"{site_hub.url}/hub/login")
-    r = s.post(
-        f"{site_hub.url}/hub/login",
-        data={
-            "username": "admin",
-            "password": admin_password(site_hub),
-            "_xsrf": s.cookies["_xsrf"],
-        },
-    )
-    assert r.ok
+    s = session_of(site_hub, "admin", admin_password(site_hub))
     page = s.get(f"{site_hub.url}/hub/billing-admin").text
     key = re.search(r'name="key" value="([^"]+)"', page).group(1)
     for path, data in (
@@ -247,12 +252,7 @@ def test_forms_without_their_xsrf_token_are_refused(site_hub):
 
 
 def test_a_user_cannot_read_another_users_wallet(site_hub):
-    s = requests.Session()
-    s.get(f"{site_hub.url}/hub/login")
-    s.post(
-        f"{site_hub.url}/hub/login",
-        data={"username": "vic", "password": PASSWORD, "_xsrf": s.cookies["_xsrf"]},
-    )
+    s = session_of(site_hub, "vic")
     token = site_hub.api("POST", "/users/vic/tokens", json={"note": "test"}).json()["token"]
     r = requests.get(
         f"{site_hub.url}/services/billing/api/v1/users/stu/wallet",
@@ -287,16 +287,7 @@ def test_sign_up_waits_for_an_admin_to_approve(site_hub):
         ).status_code
 
     assert sign_in_as_wes() == 403  # not approved yet
-    admin = requests.Session()
-    admin.get(f"{site_hub.url}/hub/login")
-    admin.post(
-        f"{site_hub.url}/hub/login",
-        data={
-            "username": "admin",
-            "password": admin_password(site_hub),
-            "_xsrf": admin.cookies["_xsrf"],
-        },
-    )
+    admin = session_of(site_hub, "admin", admin_password(site_hub))
     assert "wes" in admin.get(f"{site_hub.url}/hub/authorize").text
     assert admin.get(f"{site_hub.url}/hub/authorize/wes").ok
     assert sign_in_as_wes() == 302  # signed in, sent on to the spawn page
