@@ -240,6 +240,9 @@ def template_vars(site: dict, sandbox_warning: str = "") -> dict:
     }
 
 
+#: the billing API as user pods reach it (the chart's Service)
+KUBE_BILLING_API = "http://meterhub-billing:8082/services/billing/api/v1"
+
 #: the Wallet and billing admin pages (hub handlers; tornado imports them by name)
 PAGE_HANDLERS = [
     (r"/wallet", "hub.pages.WalletPage"),
@@ -256,11 +259,22 @@ def apply_spawner_config(site: dict, c: Config) -> Config:
     # JupyterHub 3.1 deprecated extra_handlers in favour of services, but these pages must
     # be hub pages: JupyterHub's templates and navigation bar, its sign-in and XSRF checks
     c.JupyterHub.extra_handlers = list(PAGE_HANDLERS)
+    # the in-notebook credit status (extensions/server.py) asks the billing API with the
+    # server's own token: it may reach the billing service, and nothing else of billing
+    c.Spawner.server_token_scopes = [
+        "users:activity!user",
+        "access:servers!server",
+        "access:services!service=billing",
+    ]
     if site["backend"] == "kubernetes":
         c.JupyterHub.spawner_class = "spawner.kube.KubeGPUSpawner"
+        c.Spawner.environment = {"METERHUB_BILLING_URL": KUBE_BILLING_API}
         apply_kubernetes(site, c)
     else:
         c.JupyterHub.spawner_class = "spawner.local.LocalGPUSpawner"
+        billing_api = f"http://127.0.0.1:{site['hub']['billing_port']}/services/billing/api/v1"
+        c.Spawner.environment = {"METERHUB_BILLING_URL": billing_api}
+        c.Spawner.args = ["--ServerApp.jpserver_extensions=extensions.server=True"]
     data_dir = site["data_dir"]
     c.LocalGPUSpawner.data_dir = data_dir
     c.LocalGPUSpawner.pool_dir = site.get("public_dir") or demo_pool_dir(site)

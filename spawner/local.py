@@ -61,6 +61,19 @@ def environment_paths(prefix: str) -> list[str]:
     return paths
 
 
+def server_code_paths(prefix: str) -> list[str]:
+    """meterhub's code that runs inside servers (the `extensions` package), when the servers
+    use the hub's own environment but the package lives outside it (an editable install,
+    as `make` makes): that package directory alone, to be bound read-only."""
+    import extensions
+
+    if os.path.realpath(prefix) != os.path.realpath(sys.prefix):
+        return []  # another environment: meterhub[lab] is installed in it
+    package = os.path.dirname(os.path.abspath(extensions.__file__))
+    inside = os.path.realpath(package).startswith(os.path.realpath(prefix) + os.sep)
+    return [] if inside else [package]
+
+
 def group_has_live_members(pgid: int) -> bool:
     """Whether a process group still has a process that is not a zombie.
 
@@ -296,7 +309,10 @@ class LocalGPUSpawner(CatalogOptions, LocalProcessSpawner):
                     disk_mount=self.disk_mount_path,
                     pool=self.pool_dir or None,
                     pool_mount=self.pool_mount_path,
-                    ro_paths=tuple(environment_paths(self.server_env_prefix)),
+                    ro_paths=tuple(
+                        environment_paths(self.server_env_prefix)
+                        + server_code_paths(self.server_env_prefix)
+                    ),
                     hidden=(os.path.abspath(self.data_dir),),
                     devices=tuple(device_nodes(gpus)),
                     files=files,

@@ -232,3 +232,53 @@ def test_a_pass_reserves_its_gpus_for_its_holder(billed):
     assert len(server["state"]["gpu_indices"]) == 1
     billed.stop_server("res")
     billed.stop_server("oth")
+
+
+def test_the_servers_status_endpoint_matches_the_wallet(billed):
+    """GET /api/meterhub/status inside the user's server, with the server's own token."""
+    import requests
+
+    billed.spawn("zed", {"profile": "debug"})
+    try:
+        token = billed.api("POST", "/users/zed/tokens", json={"note": "lab"}).json()["token"]
+        auth = {"Authorization": f"token {token}"}
+        ledger_of(billed).notify("zed", "test:zed:1", "warning", "10 min of credit left")
+        status = requests.get(
+            f"{billed.url}/user/zed/api/meterhub/status", headers=auth, timeout=30
+        )
+        assert status.status_code == 200, status.text
+        status = status.json()
+        wallet = requests.get(
+            f"{billed.url}/services/billing/api/v1/users/zed/wallet",
+            headers={"Authorization": f"token {ADMIN_TOKEN}"},
+            timeout=30,
+        ).json()
+        assert status["currency"] == "CNY" and status["rate_per_hour"] == "3.60"
+        assert abs(float(status["balance"]) - float(wallet["balance"])) < 0.05
+        assert (status["profile"], status["gpus"]) == ("debug", 0)
+        assert status["minutes_left"] is not None and status["minutes_left"] <= 17
+        assert [n["message"] for n in status["notifications"]] == ["10 min of credit left"]
+        # the server's token reaches its own billing data, not an admin's
+        env = execute_env(billed, "zed")
+        assert env["token_scopes"] and "admin:users" not in env["token_scopes"]
+    finally:
+        billed.stop_server("zed")
+
+
+def execute_env(hub, user: str) -> dict:
+    """The server's own token, as the server sees it: what may it do?"""
+    import asyncio
+    import json
+
+    out = asyncio.run(
+        execute(
+            hub.url,
+            user,
+            ADMIN_TOKEN,
+            "import os, json, urllib.request\n"
+            "r = urllib.request.Request(os.environ['JUPYTERHUB_API_URL'] + '/user',"
+            " headers={'Authorization': 'token ' + os.environ['JUPYTERHUB_API_TOKEN']})\n"
+            "print(json.dumps({'token_scopes': json.load(urllib.request.urlopen(r))['scopes']}))",
+        )
+    )
+    return json.loads(out.strip().splitlines()[-1])
