@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import csv
 import io
 import os
@@ -261,6 +262,15 @@ def test_the_servers_status_endpoint_matches_the_wallet(billed):
         # the server's token reaches its own billing data, not an admin's
         env = execute_env(billed, "zed")
         assert env["token_scopes"] and "admin:users" not in env["token_scopes"]
+        shown = asyncio.run(
+            execute(
+                billed.url,
+                "zed",
+                ADMIN_TOKEN,
+                "from extensions.widgets import CreditMeter\nprint(CreditMeter(interval=0).value)",
+            )
+        )
+        assert "¥0.0" not in shown and "/h · " in shown and "10 min of credit left" in shown
     finally:
         billed.stop_server("zed")
 

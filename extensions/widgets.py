@@ -1,0 +1,156 @@
+"""Notebook widgets: `CreditMeter()` — balance, rate and time left — and `GpuInfo()` — the GPUs
+this server holds, with memory and utilisation from NVML when present.
+
+    from extensions.widgets import CreditMeter, GpuInfo
+    CreditMeter()
+    GpuInfo()
+
+CreditMeter reads the same status as the JupyterLab status bar (`/api/meterhub/status`'s
+source: the billing API, with this server's own token) and refreshes itself every
+`interval` seconds while the kernel is idle.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import os
+import urllib.request
+from urllib.parse import quote
+
+import ipywidgets as widgets
+
+CURRENCY_SYMBOLS = {"CNY": "¥", "USD": "$", "EUR": "€"}
+
+
+def credit_status() -> dict:
+    """The wallet of this server's user, from the billing API (blocking)."""
+    base = os.environ.get("METERHUB_BILLING_URL", "").rstrip("/")
+    if not base:
+        raise RuntimeError("not in a meterhub server: METERHUB_BILLING_URL is not set")
+    headers = {"Authorization": f"token {os.environ.get('JUPYTERHUB_API_TOKEN', '')}"}
+
+    def get(path: str) -> dict:
+        request = urllib.request.Request(base + path, headers=headers)
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return json.load(response)
+
+    wallet = get("/wallet")
+    notes = get(f"/users/{quote(wallet['user'], safe='')}/notifications?unread=1")
+    wallet["notifications"] = notes["notifications"]
+    return wallet
+
+
+def _left(minutes: int | None) -> str:
+    if minutes is None:
+        return "no server charging"
+    if minutes >= 60:
+        return f"{minutes // 60} h {minutes % 60} min left"
+    return f"{minutes} min left"
+
+
+def credit_html(status: dict) -> str:
+    symbol = CURRENCY_SYMBOLS.get(status["currency"], status["currency"] + " ")
+    minutes = status.get("minutes_left")
+    colour = "inherit"
+    if minutes is not None and minutes <= 10:
+        colour = "#c92a2a"
+    elif minutes is not None and minutes <= 30:
+        colour = "#e67700"
+    parts = [
+        f'<span class="meterhub-credit" style="color:{colour}">'
+        f"<b>{symbol}{html.escape(status['balance'])}</b>"
+        f" · {symbol}{html.escape(status['rate_per_hour'])}/h · {_left(minutes)}</span>"
+    ]
+    for note in status.get("notifications", [])[-3:]:
+        parts.append(f"<div><small>{html.escape(note['message'])}</small></div>")
+    return "".join(parts)
+
+
+class CreditMeter(widgets.HTML):
+    """Live balance, rate and time left of this server's user."""
+
+    def __init__(self, interval: float = 30, fetch=credit_status, **kwargs):
+        super().__init__(**kwargs)
+        self._fetch = fetch
+        self.refresh()
+        self._interval = interval
+        self._timer = None
+        if interval:
+            self._schedule()
+
+    def refresh(self) -> None:
+        try:
+            self.value = credit_html(self._fetch())
+        except Exception as e:  # shown, not raised: a widget must not break the notebook
+            self.value = f"<span>Credit status unavailable: {html.escape(str(e))}</span>"
+
+    def _schedule(self) -> None:
+        try:
+            import asyncio
+
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return  # no kernel loop (plain Python): refresh() by hand
+        self._timer = loop.call_later(self._interval, self._tick)
+
+    def _tick(self) -> None:
+        self.refresh()
+        self._schedule()
+
+    def close(self):
+        if self._timer is not None:
+            self._timer.cancel()
+        super().close()
+
+
+def gpus() -> list[dict]:
+    """The GPUs visible to this server: index, name, memory and utilisation (NVML)."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+    except Exception:
+        return []
+    found = []
+    try:
+        for i in range(pynvml.nvmlDeviceGetCount()):
+            handle = pynvml.nvmlDeviceGetHandleByIndex(i)
+            name = pynvml.nvmlDeviceGetName(handle)
+            memory = pynvml.nvmlDeviceGetMemoryInfo(handle)
+            use = pynvml.nvmlDeviceGetUtilizationRates(handle)
+            found.append(
+                {
+                    "index": i,
+                    "name": name.decode() if isinstance(name, bytes) else name,
+                    "memory_used_mib": memory.used // 2**20,
+                    "memory_total_mib": memory.total // 2**20,
+                    "utilisation_percent": use.gpu,
+                }
+            )
+    finally:
+        pynvml.nvmlShutdown()
+    return found
+
+
+class GpuInfo(widgets.HTML):
+    """The GPUs this server holds, with memory and utilisation."""
+
+    def __init__(self, probe=gpus, **kwargs):
+        super().__init__(**kwargs)
+        held = probe()
+        profile = os.environ.get("METERHUB_PROFILE", "")
+        if not held:
+            what = "debug mode: no GPU" if profile == "debug" else "no GPU visible"
+            self.value = f"<span>{html.escape(what)}</span>"
+            return
+        rows = "".join(
+            f"<tr><td>{g['index']}</td><td>{html.escape(g['name'])}</td>"
+            f"<td>{g['memory_used_mib']} / {g['memory_total_mib']} MiB</td>"
+            f"<td>{g['utilisation_percent']} %</td></tr>"
+            for g in held
+        )
+        self.value = (
+            "<table><thead><tr><th>GPU</th><th>name</th><th>memory</th><th>use</th></tr>"
+            f"</thead><tbody>{rows}</tbody></table>"
+        )
