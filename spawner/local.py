@@ -139,6 +139,14 @@ class LocalGPUSpawner(CatalogOptions, LocalProcessSpawner):
         "/public", help="Where the pool appears inside the sandbox, read-only."
     ).tag(config=True)
 
+    starter_notebooks_dir = Unicode(
+        help="Notebooks copied into each new disk (default: images/notebooks of meterhub).",
+    ).tag(config=True)
+
+    @default("starter_notebooks_dir")
+    def _default_starter_notebooks_dir(self):
+        return os.path.join(os.path.dirname(os.path.dirname(__file__)), "images", "notebooks")
+
     sandbox = Enum(
         ["auto", "bwrap", "off"],
         "auto",
@@ -408,6 +416,8 @@ class LocalGPUSpawner(CatalogOptions, LocalProcessSpawner):
         if run_as and created:
             os.chown(disk, *run_as)
         os.chmod(disk, 0o700)
+        if created:
+            self._copy_starter_notebooks(disk, run_as)
         if self.pool_dir:
             link = os.path.join(disk, "public")
             target = self.pool_mount_path if sandboxed else self.pool_dir
@@ -420,6 +430,17 @@ class LocalGPUSpawner(CatalogOptions, LocalProcessSpawner):
             elif not os.path.islink(link):
                 self.log.warning("%s has its own 'public' entry; not linking the pool", disk)
         return disk
+
+    def _copy_starter_notebooks(self, disk: str, run_as) -> None:
+        """A new disk starts with the starter notebooks (a copy: the user's to change)."""
+        if not os.path.isdir(self.starter_notebooks_dir):
+            return
+        for name in sorted(os.listdir(self.starter_notebooks_dir)):
+            if name.endswith(".ipynb"):
+                target = os.path.join(disk, name)
+                shutil.copyfile(os.path.join(self.starter_notebooks_dir, name), target)
+                if run_as:
+                    os.chown(target, *run_as)
 
     def _write_identity_files(self) -> dict[str, str]:
         """/etc/passwd and /etc/group naming the server's uid, so tools that look it up work."""
