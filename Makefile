@@ -12,7 +12,7 @@ serve: system-deps-serve $(VENV)/.lab-installed $(CHP)
 
 test: system-deps-test $(VENV)/.test-installed $(CHP)
 	$(VENV)/bin/ruff check .
-	$(VENV)/bin/pytest
+	$(VENV)/bin/pytest --durations=15
 
 lint: $(VENV)/.test-installed
 	$(VENV)/bin/ruff check .
