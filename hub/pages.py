@@ -139,13 +139,16 @@ class WalletPage(MeterhubPage):
 
         def read():
             ledger.ensure_user(user)
+            sessions = {s.id: s for s in ledger.open_sessions(user)}
             wallet = wallet_json(ledger, user)
             # the running cost to this second: charged so far plus what accrued since
-            for session, running in zip(ledger.open_sessions(user), wallet["running"], strict=True):
-                since = max(0, now - session.metered_through) if session.ready_at else 0
-                running["live_cost"] = self.money(
-                    running["cost_micros"] + accrued(session.rate_micros_per_hour, since)
-                )
+            for running in wallet["running"]:
+                session = sessions.get(running["id"])
+                since, rate = 0, 0
+                if session is not None and session.ready_at is not None:
+                    since = max(0, now - session.metered_through)
+                    rate = session.rate_micros_per_hour
+                running["live_cost"] = self.money(running["cost_micros"] + accrued(rate, since))
             catalog = priced_catalog(self.settings["config"], ledger)
             return {
                 "wallet": wallet,

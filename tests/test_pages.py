@@ -156,6 +156,10 @@ def test_debug_mode_lands_in_jupyterlab_and_the_wallet_shows_its_cost(site_hub, 
     page.wait_for_url(re.compile(r".*/user/stu/lab.*"), timeout=120_000)
     page.wait_for_selector("#jp-main-dock-panel", timeout=120_000)
     shot(page, "jupyterlab")
+    page.goto(f"{site_hub.url}/hub/wallet")  # while it runs: the live cost
+    running = page.locator("#meterhub-running tbody tr").first.inner_text()
+    assert "debug" in running and "¥36.00/h" in running and "¥" in running.split("/h")[-1]
+    assert "¥36.00/h" in page.locator("#meterhub-summary").inner_text()
     r = site_hub.api("DELETE", "/users/stu/server")
     assert r.status_code in (202, 204)
     until(lambda: site_hub.server("stu") is None, "stu's server to stop")
