@@ -163,6 +163,21 @@ class KubeGPUSpawner(CatalogOptions, KubeSpawner):
             "shm": {"name": "shm", "mountPath": "/dev/shm"},
         }
 
+    starter_notebooks_dir = Unicode(
+        "/opt/meterhub/notebooks",
+        help="Notebooks in the image copied into a user's disk on the first start.",
+    ).tag(config=True)
+
+    @default("lifecycle_hooks")
+    def _default_lifecycle_hooks(self):
+        # once per disk (a marker file): a user who deletes the notebook keeps it deleted
+        copy = (
+            'marker="$HOME/.meterhub-starters"; [ -e "$marker" ] && exit 0;'
+            f' for f in {self.starter_notebooks_dir}/*.ipynb; do [ -e "$f" ] &&'
+            ' cp -n "$f" "$HOME"/; done; touch "$marker"'
+        )
+        return {"postStart": {"exec": {"command": ["sh", "-c", copy]}}}
+
     @default("profile_list")
     def _default_profile_list(self):
         return _profile_list
