@@ -17,6 +17,9 @@ from pathlib import Path
 import pytest
 import requests
 
+from billing_hooks.db import connect
+from billing_hooks.ledger import Ledger
+
 from .hubprocess import ADMIN_TOKEN, until
 
 METERHUB = str(Path(sys.executable).parent / "meterhub")
@@ -155,6 +158,21 @@ def test_debug_mode_lands_in_jupyterlab_and_the_wallet_shows_its_cost(site_hub, 
     page.click("form#spawn_form [type=submit]")
     page.wait_for_url(re.compile(r".*/user/stu/lab.*"), timeout=120_000)
     page.wait_for_selector("#jp-main-dock-panel", timeout=120_000)
+    # the status bar: balance, rate, time left, refreshed from /api/meterhub/status
+    item = page.locator("#meterhub-credit-status")
+    item.wait_for(timeout=60_000)
+    page.wait_for_function(
+        "document.querySelector('#meterhub-credit-status').textContent.includes('/h')",
+        timeout=60_000,
+    )
+    assert re.fullmatch(r"¥\d+\.\d\d · ¥36\.00/h · \d+ min left", item.inner_text()), (
+        item.inner_text()
+    )
+    # a warning from the meter reaches JupyterLab as a notification
+    ledger = Ledger(connect(f"sqlite:///{site_hub.data_dir}/billing.sqlite"))
+    warning = "10 minutes of credit left — your server will stop; your files are kept"
+    ledger.notify("stu", "test:stu:warn", "warning", warning)
+    page.get_by_text(warning).first.wait_for(timeout=60_000)
     shot(page, "jupyterlab")
     page.goto(f"{site_hub.url}/hub/wallet")  # while it runs: the live cost
     running = page.locator("#meterhub-running tbody tr").first.inner_text()
