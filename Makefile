@@ -14,7 +14,7 @@ serve: system-deps-serve $(VENV)/.lab-installed $(CHP) $(LAB)
 
 test: system-deps-test $(VENV)/.test-installed $(CHP) $(LAB)
 	$(VENV)/bin/ruff check .
-	$(VENV)/bin/pytest --durations=15
+	$(VENV)/bin/pytest -n 2 --dist loadfile --durations=15
 
 lint: $(VENV)/.test-installed
 	$(VENV)/bin/ruff check .

@@ -115,6 +115,17 @@ class MeterhubPage(BaseHandler):
     def money(self, micros: int) -> str:
         return format_money(micros, self.billing.currency)
 
+    #: the page's template, and what it shows (set by each page)
+    template = ""
+
+    async def page_data(self) -> dict:
+        raise NotImplementedError
+
+    async def show(self, message: str = "", error: str = "", status: int = 200):
+        """Render the page, with the outcome of a form post when there was one."""
+        data = await self.page_data()
+        self.render_page(self.template, status=status, message=message, error=error, **data)
+
     def render_page(self, template: str, status: int = 200, **ns):
         self.set_status(status)
         self.set_header("Content-Type", "text/html; charset=UTF-8")
@@ -132,7 +143,9 @@ class MeterhubPage(BaseHandler):
 
 
 class WalletPage(MeterhubPage):
-    async def wallet(self) -> dict:
+    template = "wallet.html"
+
+    async def page_data(self) -> dict:
         user = self.current_user.name
         ledger = self.billing.ledger()
         now = int(time.time())
@@ -158,6 +171,7 @@ class WalletPage(MeterhubPage):
                 "notifications": ledger.notifications(user)[-10:],
                 "plot": plot_svg(daily_costs(ledger, user, now), now, ledger.currency),
                 "now": now,
+                "purchase_key": str(uuid.uuid4()),
             }
 
         return await asyncio.to_thread(read)
@@ -165,17 +179,6 @@ class WalletPage(MeterhubPage):
     @web.authenticated
     async def get(self):
         await self.show()
-
-    async def show(self, message: str = "", error: str = "", status: int = 200):
-        data = await self.wallet()
-        self.render_page(
-            "wallet.html",
-            status=status,
-            message=message,
-            error=error,
-            purchase_key=str(uuid.uuid4()),
-            **data,
-        )
 
 
 class WalletPassesPage(WalletPage):
@@ -221,13 +224,16 @@ class WalletCsv(MeterhubPage):
 
 
 class BillingAdminPage(MeterhubPage):
+    template = "billing_admin.html"
+
     def check_admin(self) -> None:
         if not self.current_user.admin:
             raise web.HTTPError(403, "The billing admin view is for hub admins")
 
-    async def overview(self) -> dict:
+    async def page_data(self) -> dict:
         ledger = self.billing.ledger()
         config = self.settings["config"]
+        warning = self.settings.get("template_vars", {}).get("meterhub_sandbox_warning", "")
 
         def read():
             with ledger.begin() as db:
@@ -251,6 +257,8 @@ class BillingAdminPage(MeterhubPage):
                 "entries": entries,
                 "prices": list(catalog.profiles().values()),
                 "problems": ledger.audit(),
+                "grant_key": str(uuid.uuid4()),
+                "sandbox_warning": warning,
             }
 
         return await asyncio.to_thread(read)
@@ -259,20 +267,6 @@ class BillingAdminPage(MeterhubPage):
     async def get(self):
         self.check_admin()
         await self.show()
-
-    async def show(self, message: str = "", error: str = "", status: int = 200):
-        data = await self.overview()
-        self.render_page(
-            "billing_admin.html",
-            status=status,
-            message=message,
-            error=error,
-            grant_key=str(uuid.uuid4()),
-            sandbox_warning=self.settings.get("template_vars", {}).get(
-                "meterhub_sandbox_warning", ""
-            ),
-            **data,
-        )
 
 
 class BillingAdminGrant(BillingAdminPage):
