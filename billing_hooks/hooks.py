@@ -35,7 +35,7 @@ def _settings(spawner) -> BillingSettings:
 async def authorize_spawn(spawner) -> None:
     settings = _settings(spawner)
     try:
-        ledger = settings.ledger()
+        ledger = await settings.ledger_async()
         catalog = await asyncio.to_thread(priced_catalog, spawner.config, ledger)
     except DBAPIError:
         spawner.log.exception("Ledger database error while pricing %s", spawner._log_name)
@@ -99,7 +99,7 @@ async def settle_stop(spawner) -> None:
     it was last seen running (a backend that knows sets `exited_after`)."""
     died = getattr(spawner, "exited_after", None)
     try:
-        ledger = _settings(spawner).ledger()
+        ledger = await _settings(spawner).ledger_async()
         closed = await asyncio.to_thread(ledger.close_server, spawner.user.name, spawner.name, died)
     except DBAPIError:
         # the meter closes it once the database is back (the server is gone from the hub)

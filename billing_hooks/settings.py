@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import functools
 from decimal import Decimal
 
@@ -44,6 +45,11 @@ class BillingSettings(LoggingConfigurable):
     @property
     def min_seconds_to_start(self) -> int:
         return self.min_minutes_to_start * 60
+
+    async def ledger_async(self) -> Ledger:
+        """The ledger, from a coroutine: the first call per database connects and checks the
+        schema (I/O), which must not run on the hub's event loop."""
+        return await asyncio.to_thread(self.ledger)
 
     def ledger(self) -> Ledger:
         return Ledger(

@@ -65,6 +65,12 @@ async def _refuse_async(*_args, **_kwargs):
     raise PermissionError(READ_ONLY)
 
 
+def _read_only(mode: str) -> str:
+    if any(flag in mode for flag in "wax+"):
+        raise PermissionError(READ_ONLY)
+    return mode
+
+
 class PublicFileSystem(DirFileSystem):
     """The pool, read-only, with paths relative to its root: `public://models/tiny-llama`."""
 
@@ -85,19 +91,13 @@ class PublicFileSystem(DirFileSystem):
         return path.lstrip("/")
 
     def _open(self, path, mode="rb", *args, **kwargs):
-        if any(flag in mode for flag in "wax+"):
-            raise PermissionError(READ_ONLY)
-        return super()._open(path, mode, *args, **kwargs)
+        return super()._open(path, _read_only(mode), *args, **kwargs)
 
     def open(self, path, mode="rb", *args, **kwargs):
-        if any(flag in mode for flag in "wax+"):
-            raise PermissionError(READ_ONLY)
-        return super().open(path, mode, *args, **kwargs)
+        return super().open(path, _read_only(mode), *args, **kwargs)
 
     async def open_async(self, path, mode="rb", **kwargs):
-        if any(flag in mode for flag in "wax+"):
-            raise PermissionError(READ_ONLY)
-        return await super().open_async(path, mode, **kwargs)
+        return await super().open_async(path, _read_only(mode), **kwargs)
 
 
 for _name in WRITES:

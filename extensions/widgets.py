@@ -5,9 +5,8 @@ this server holds, with memory and utilisation from NVML when present.
     CreditMeter()
     GpuInfo()
 
-CreditMeter reads the same status as the JupyterLab status bar (`/api/meterhub/status`'s
-source: the billing API, with this server's own token) and refreshes itself every
-`interval` seconds while the kernel is idle.
+CreditMeter reads this server's `/api/meterhub/status`, the same answer as the JupyterLab
+status bar, and refreshes itself every `interval` seconds while the kernel is idle.
 """
 
 from __future__ import annotations
@@ -16,7 +15,6 @@ import html
 import json
 import os
 import urllib.request
-from urllib.parse import quote
 
 import ipywidgets as widgets
 
@@ -24,21 +22,16 @@ CURRENCY_SYMBOLS = {"CNY": "¥", "USD": "$", "EUR": "€"}
 
 
 def credit_status() -> dict:
-    """The wallet of this server's user, from the billing API (blocking)."""
-    base = os.environ.get("METERHUB_BILLING_URL", "").rstrip("/")
-    if not base:
-        raise RuntimeError("not in a meterhub server: METERHUB_BILLING_URL is not set")
-    headers = {"Authorization": f"token {os.environ.get('JUPYTERHUB_API_TOKEN', '')}"}
-
-    def get(path: str) -> dict:
-        request = urllib.request.Request(base + path, headers=headers)
-        with urllib.request.urlopen(request, timeout=10) as response:
-            return json.load(response)
-
-    wallet = get("/wallet")
-    notes = get(f"/users/{quote(wallet['user'], safe='')}/notifications?unread=1")
-    wallet["notifications"] = notes["notifications"]
-    return wallet
+    """This server's /api/meterhub/status — the same answer the status bar shows (blocking)."""
+    server = os.environ.get("JUPYTERHUB_SERVICE_URL", "")
+    if not server:
+        raise RuntimeError("not in a meterhub server: JUPYTERHUB_SERVICE_URL is not set")
+    request = urllib.request.Request(
+        server.rstrip("/") + "/api/meterhub/status",
+        headers={"Authorization": f"token {os.environ.get('JUPYTERHUB_API_TOKEN', '')}"},
+    )
+    with urllib.request.urlopen(request, timeout=10) as response:
+        return json.load(response)
 
 
 def _left(minutes: int | None) -> str:

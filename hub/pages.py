@@ -126,6 +126,15 @@ class MeterhubPage(BaseHandler):
         data = await self.page_data()
         self.render_page(self.template, status=status, message=message, error=error, **data)
 
+    async def act(self, action, *args):
+        """Run a billing action off the event loop; when it is refused, show the page with
+        the reason and its status, and return None."""
+        try:
+            return await asyncio.to_thread(action, *args)
+        except actions.ActionError as e:
+            await self.show(error=e.message, status=e.status)
+            return None
+
     def render_page(self, template: str, status: int = 200, **ns):
         self.set_status(status)
         self.set_header("Content-Type", "text/html; charset=UTF-8")
@@ -147,7 +156,7 @@ class WalletPage(MeterhubPage):
 
     async def page_data(self) -> dict:
         user = self.current_user.name
-        ledger = self.billing.ledger()
+        ledger = await self.billing.ledger_async()
         now = int(time.time())
 
         def read():
@@ -184,7 +193,7 @@ class WalletPage(MeterhubPage):
 class WalletPassesPage(WalletPage):
     @web.authenticated
     async def post(self):
-        ledger = self.billing.ledger()
+        ledger = await self.billing.ledger_async()
         offer = self.get_body_argument("offer", "")
         try:
             profile, gpus, period = offer.split(":")
@@ -192,31 +201,29 @@ class WalletPassesPage(WalletPage):
             await self.show(error="Choose a pass to buy.", status=400)
             return
         catalog = await asyncio.to_thread(priced_catalog, self.settings["config"], ledger)
-        try:
-            held = await asyncio.to_thread(
-                actions.buy_pass,
-                ledger,
-                catalog,
-                self.current_user.name,
-                profile,
-                gpus,
-                period,
-                self.get_body_argument("key", ""),
-                "page",
-            )
-        except actions.ActionError as e:
-            await self.show(error=e.message, status=e.status)
-            return
-        await self.show(
-            message=f"Bought a {held.period} pass for {held.gpus} × {profile.upper()}"
-            f" ({self.money(held.price_micros)}), valid until {when(held.ends_at)}."
+        held = await self.act(
+            actions.buy_pass,
+            ledger,
+            catalog,
+            self.current_user.name,
+            profile,
+            gpus,
+            period,
+            self.get_body_argument("key", ""),
+            "page",
         )
+        if held is not None:
+            label = catalog.choice(held.profile, held.gpus).label
+            await self.show(
+                message=f"Bought a {held.period} pass for {label}"
+                f" ({self.money(held.price_micros)}), valid until {when(held.ends_at)}."
+            )
 
 
 class WalletCsv(MeterhubPage):
     @web.authenticated
     async def get(self):
-        ledger = self.billing.ledger()
+        ledger = await self.billing.ledger_async()
         text = await asyncio.to_thread(actions.usage_csv, ledger, self.current_user.name)
         self.set_header("Content-Type", "text/csv; charset=utf-8")
         self.set_header("Content-Disposition", 'attachment; filename="meterhub-usage.csv"')
@@ -231,7 +238,7 @@ class BillingAdminPage(MeterhubPage):
             raise web.HTTPError(403, "The billing admin view is for hub admins")
 
     async def page_data(self) -> dict:
-        ledger = self.billing.ledger()
+        ledger = await self.billing.ledger_async()
         config = self.settings["config"]
         warning = self.settings.get("template_vars", {}).get("meterhub_sandbox_warning", "")
 
@@ -277,22 +284,19 @@ class BillingAdminGrant(BillingAdminPage):
         if self.find_user(name) is None:
             await self.show(error=f"No such user: {name!r}", status=404)
             return
-        ledger = self.billing.ledger()
-        try:
-            entry = await asyncio.to_thread(
-                actions.grant,
-                ledger,
-                name,
-                self.get_body_argument("amount", ""),
-                self.get_body_argument("note", ""),
-                self.get_body_argument("key", ""),
-                Decimal(self.billing.max_grant),
-                "page",
-            )
-        except actions.ActionError as e:
-            await self.show(error=e.message, status=e.status)
-            return
-        await self.show(
-            message=f"Granted {self.money(entry.amount_micros)} to {name};"
-            f" balance {self.money(entry.balance_after_micros)}."
+        ledger = await self.billing.ledger_async()
+        entry = await self.act(
+            actions.grant,
+            ledger,
+            name,
+            self.get_body_argument("amount", ""),
+            self.get_body_argument("note", ""),
+            self.get_body_argument("key", ""),
+            Decimal(self.billing.max_grant),
+            "page",
         )
+        if entry is not None:
+            await self.show(
+                message=f"Granted {self.money(entry.amount_micros)} to {name};"
+                f" balance {self.money(entry.balance_after_micros)}."
+            )

@@ -36,7 +36,7 @@ def credit_annotation(available_micros: int, min_seconds: int):
 
 async def options_form(spawner) -> str:
     settings = BillingSettings(config=spawner.config)
-    ledger = settings.ledger()
+    ledger = await settings.ledger_async()
     balance = await asyncio.to_thread(ledger.ensure_user, spawner.user.name)
     catalog = await asyncio.to_thread(priced_catalog, spawner.config, ledger)
     available = balance + ledger.overdraft_micros

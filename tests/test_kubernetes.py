@@ -154,6 +154,9 @@ def test_user_servers_never_run_as_root(site):
         assert context["capabilities"] == {"drop": ["ALL"]}
         assert not context.get("privileged")
         assert spec["automountServiceAccountToken"] is False
+        # a new disk gets the image's starter notebooks once
+        (command,) = [container["lifecycle"]["postStart"]["exec"]["command"]]
+        assert command[:2] == ["sh", "-c"] and "/opt/meterhub/notebooks/*.ipynb" in command[2]
 
 
 def test_site_config_reaches_the_pod(restricted):

@@ -256,8 +256,10 @@ def login(hub) -> requests.Session:
 def test_unsandboxed_hub_warns_in_log_and_on_admin_page(hub_factory):
     loud = hub_factory({"local": {"sandbox": "off"}, "gpus": []}, name="nosandbox")
     assert "WARNING: Servers run WITHOUT a sandbox" in loud.log_path.read_text()
-    page = login(loud).get(f"{loud.url}/hub/admin").text
-    assert 'id="meterhub-sandbox-warning"' in page and "WITHOUT a sandbox" in page
+    session = login(loud)
+    for path in ("/hub/admin", "/hub/billing-admin"):
+        page = session.get(f"{loud.url}{path}").text
+        assert 'id="meterhub-sandbox-warning"' in page and "WITHOUT a sandbox" in page, path
     loud.teardown()
 
 

@@ -208,6 +208,8 @@ def test_debug_mode_lands_in_jupyterlab_and_the_wallet_shows_its_cost(site_hub, 
     assert page.locator("svg.meterhub-plot rect").count() >= 1  # today's debug spending
     csv_link = page.locator("#meterhub-csv").get_attribute("href")
     assert csv_link.endswith("/hub/wallet/usage.csv")
+    download = page.request.get(f"{site_hub.url}{csv_link}")
+    assert download.ok and download.text() == out.stdout  # the same export as the CLI
     shot(page, "wallet")
     fits_a_phone(page, "wallet")
     page.context.close()
@@ -252,10 +254,19 @@ def test_a_grant_in_the_admin_view_shows_in_the_users_wallet(site_hub, browser):
     user.context.close()
 
 
+def wallet_of(hub, name: str) -> dict:
+    return requests.get(
+        f"{hub.url}/services/billing/api/v1/users/{name}/wallet",
+        headers={"Authorization": f"token {ADMIN_TOKEN}"},
+        timeout=30,
+    ).json()
+
+
 def test_forms_without_their_xsrf_token_are_refused(site_hub):
     s = session_of(site_hub, "admin", admin_password(site_hub))
     page = s.get(f"{site_hub.url}/hub/billing-admin").text
     key = re.search(r'name="key" value="([^"]+)"', page).group(1)
+    before = wallet_of(site_hub, "vic")["balance_micros"]
     for path, data in (
         ("/hub/billing-admin/grant", {"user": "vic", "amount": "1.00", "key": key}),
         ("/hub/wallet/passes", {"offer": "rtx4090:1:daily", "key": "x1"}),
@@ -263,14 +274,39 @@ def test_forms_without_their_xsrf_token_are_refused(site_hub):
     ):
         r = s.post(f"{site_hub.url}{path}", data=data, allow_redirects=False)
         assert r.status_code == 403, (path, r.status_code)
-    balance = site_hub.api("GET", "/users/vic").status_code
-    assert balance == 200
-    wallet = requests.get(
-        f"{site_hub.url}/services/billing/api/v1/users/vic/wallet",
+    assert wallet_of(site_hub, "vic")["balance_micros"] == before  # nothing written
+    assert site_hub.server("admin") is None
+
+
+def test_buying_a_pass_on_the_wallet_page(site_hub):
+    s = session_of(site_hub, "vic")
+    page = s.get(f"{site_hub.url}/hub/wallet").text
+    key = re.search(r'name="key" value="([^"]+)"', page).group(1)
+    before = wallet_of(site_hub, "vic")["balance_micros"]
+    # a daily 8 × H800 pass is far beyond the balance: refused with the reason, nothing paid
+    r = s.post(
+        f"{site_hub.url}/hub/wallet/passes",
+        data={"offer": "h800:8:daily", "key": key, "_xsrf": s.cookies["_xsrf"]},
+    )
+    assert r.status_code == 402 and "Top up first" in r.text
+    assert wallet_of(site_hub, "vic")["balance_micros"] == before
+    # a daily 1 × RTX 4090 pass: ¥27.00 once the admin has granted enough
+    granted = requests.post(
+        f"{site_hub.url}/services/billing/api/v1/users/vic/grants",
         headers={"Authorization": f"token {ADMIN_TOKEN}"},
+        json={"amount": "30.00", "key": "pass-test"},
         timeout=30,
-    ).json()
-    assert wallet["balance"] in ("10.00", "22.50")  # the refused grant wrote nothing
+    )
+    assert granted.status_code == 201, granted.text
+    data = {"offer": "rtx4090:1:daily", "key": key, "_xsrf": s.cookies["_xsrf"]}
+    r = s.post(f"{site_hub.url}/hub/wallet/passes", data=data)
+    assert r.ok and "Bought a daily pass for 1 × RTX 4090 (¥27.00)" in r.text
+    assert "daily · 1 × rtx4090" in r.text  # in the table of passes held
+    paid = before + 30_000_000 - wallet_of(site_hub, "vic")["balance_micros"]
+    assert paid == 27_000_000
+    # the same form posted again (a reload) buys nothing more
+    s.post(f"{site_hub.url}/hub/wallet/passes", data=data)
+    assert wallet_of(site_hub, "vic")["balance_micros"] == before + 3_000_000
 
 
 def test_a_user_cannot_read_another_users_wallet(site_hub):
