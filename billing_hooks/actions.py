@@ -10,13 +10,10 @@ import csv
 import io
 from decimal import Decimal
 
-from sqlalchemy import select
-
 from spawner.catalog import PASS_PERIODS, InvalidChoice
 
 from .ledger import InsufficientCredit, KeyConflict, Ledger
 from .money import AmountError, format_money, parse_amount, to_micros
-from .orm import Entry, MeteredSession
 
 MAX_KEY = 120
 
@@ -95,38 +92,14 @@ def buy_pass(ledger: Ledger, catalog, user: str, profile, gpus, period, key, sou
 def usage_rows(ledger: Ledger, user: str) -> list[tuple]:
     """(session, profile label, started, stopped or "", seconds, cost in micros), oldest first."""
     rows = []
-    with ledger.begin() as db:
-        sessions = db.scalars(
-            select(MeteredSession)
-            .where(MeteredSession.user_name == user)
-            .order_by(MeteredSession.id)
-        ).all()
-        costs: dict[int, int] = {}
-        for session_id, amount in db.execute(
-            select(Entry.session_id, Entry.amount_micros).where(
-                Entry.session_id.in_(
-                    select(MeteredSession.id).where(MeteredSession.user_name == user)
-                )
-            )
-        ):
-            costs[session_id] = costs.get(session_id, 0) - amount
-        for session in sessions:
-            seconds = (session.metered_through - session.ready_at) if session.ready_at else 0
-            label = (
-                session.profile
-                if session.profile == "debug"
-                else f"{session.gpus}x{session.profile}"
-            )
-            rows.append(
-                (
-                    session.id,
-                    label,
-                    session.started_at,
-                    session.stopped_at or "",
-                    seconds,
-                    costs.get(session.id, 0),
-                )
-            )
+    for session, cost in ledger.sessions_with_cost(user):
+        seconds = (session.metered_through - session.ready_at) if session.ready_at else 0
+        label = (
+            session.profile if session.profile == "debug" else f"{session.gpus}x{session.profile}"
+        )
+        rows.append(
+            (session.id, label, session.started_at, session.stopped_at or "", seconds, cost)
+        )
     return rows
 
 

@@ -15,7 +15,6 @@ from decimal import Decimal
 
 from jupyterhub.services.auth import HubOAuthCallbackHandler, HubOAuthenticated
 from jupyterhub.utils import url_path_join
-from sqlalchemy import select
 from tornado import web
 
 from spawner.catalog import GPU_COUNTS, GPU_TYPES, PASS_PERIODS
@@ -30,7 +29,7 @@ from .money import (
     parse_amount,
     seconds_covered,
 )
-from .orm import Entry, MeteredSession
+from .orm import MeteredSession
 from .settings import priced_catalog
 
 MAX_PAGE = 500
@@ -49,8 +48,8 @@ def wallet_json(ledger: Ledger, user: str) -> dict | None:
     balance = ledger.balance(user)
     if balance is None:
         return None
-    running = ledger.open_sessions(user)
-    rate = sum(s.rate_micros_per_hour for s in running)
+    running = ledger.sessions_with_cost(user, open_only=True)
+    rate = sum(s.rate_micros_per_hour for s, _cost in running)
     seconds = seconds_covered(balance + ledger.overdraft_micros, rate)
     currency = ledger.currency
     summary = f"{format_money(balance, currency)}"
@@ -64,16 +63,11 @@ def wallet_json(ledger: Ledger, user: str) -> dict | None:
         "rate_per_hour": _money(rate),
         "minutes_left": None if seconds is None else seconds // 60,
         "summary": summary,
-        "running": [_session_json(ledger, s) for s in running],
+        "running": [_session_json(s, cost) for s, cost in running],
     }
 
 
-def _session_json(ledger: Ledger, session: MeteredSession, cost: int | None = None) -> dict:
-    if cost is None:
-        with ledger.begin() as db:
-            cost = -sum(
-                db.scalars(select(Entry.amount_micros).where(Entry.session_id == session.id))
-            )
+def _session_json(session: MeteredSession, cost: int) -> dict:
     return {
         "id": session.id,
         "server": session.server_name,
@@ -90,23 +84,8 @@ def _session_json(ledger: Ledger, session: MeteredSession, cost: int | None = No
 
 
 def usage_json(ledger: Ledger, user: str, limit: int) -> list[dict]:
-    with ledger.begin() as db:
-        sessions = list(
-            db.scalars(
-                select(MeteredSession)
-                .where(MeteredSession.user_name == user)
-                .order_by(MeteredSession.id.desc())
-                .limit(limit)
-            )
-        )
-        costs: dict[int, int] = {}
-        for session_id, amount in db.execute(
-            select(Entry.session_id, Entry.amount_micros).where(
-                Entry.session_id.in_([s.id for s in sessions])
-            )
-        ):
-            costs[session_id] = costs.get(session_id, 0) - amount
-    return [_session_json(ledger, s, costs.get(s.id, 0)) for s in sessions]
+    pairs = ledger.sessions_with_cost(user, limit=limit, newest_first=True)
+    return [_session_json(session, cost) for session, cost in pairs]
 
 
 class BillingHandler(HubOAuthenticated, web.RequestHandler):

@@ -527,6 +527,32 @@ class Ledger:
                 view.balance_micros = wallets[wid][1]
             return views
 
+    def sessions_with_cost(
+        self,
+        user: str,
+        limit: int | None = None,
+        newest_first: bool = False,
+        open_only: bool = False,
+    ) -> list[tuple[MeteredSession, int]]:
+        """A user's sessions with what each has cost so far (micros), in two queries."""
+        S = MeteredSession
+        query = select(S).where(S.user_name == user)
+        if open_only:
+            query = query.where(S.stopped_at.is_(None))
+        query = query.order_by(S.id.desc() if newest_first else S.id)
+        if limit is not None:
+            query = query.limit(limit)
+        with self.begin() as db:
+            sessions = list(db.scalars(query))
+            costs: dict[int, int] = {}
+            for session_id, amount in db.execute(
+                select(Entry.session_id, Entry.amount_micros).where(
+                    Entry.session_id.in_([s.id for s in sessions])
+                )
+            ):
+                costs[session_id] = costs.get(session_id, 0) - amount
+        return [(session, costs.get(session.id, 0)) for session in sessions]
+
     def open_session_rows(self) -> list:
         """id, user, server, started and last-seen times of every open session (light)."""
         S = MeteredSession.__table__
