@@ -25,12 +25,12 @@ from pathlib import Path
 from sqlalchemy import insert
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from billing_hooks.clock import FakeClock  # noqa: E402
-from billing_hooks.db import connect  # noqa: E402
-from billing_hooks.ledger import Ledger  # noqa: E402
-from billing_hooks.meter import Meter  # noqa: E402
-from billing_hooks.money import to_micros  # noqa: E402
-from billing_hooks.orm import Entry, MeteredSession, Wallet  # noqa: E402
+from meterhub.billing_hooks.clock import FakeClock  # noqa: E402
+from meterhub.billing_hooks.db import connect  # noqa: E402
+from meterhub.billing_hooks.ledger import Ledger  # noqa: E402
+from meterhub.billing_hooks.meter import Meter  # noqa: E402
+from meterhub.billing_hooks.money import to_micros  # noqa: E402
+from meterhub.billing_hooks.orm import Entry, MeteredSession, Wallet  # noqa: E402
 
 RATE = to_micros("4.50")
 
@@ -145,7 +145,7 @@ def hub_latency(users: int, sessions: int, phases: int, seconds: float) -> None:
 
     import requests
 
-    from billing_hooks.meter import HubClient
+    from meterhub.billing_hooks.meter import HubClient
     from tests.hubprocess import ADMIN_TOKEN, HubProcess
 
     class Hub(HubClient):

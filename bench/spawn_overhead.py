@@ -43,7 +43,7 @@ class StockHub(HubProcess):
     """Stock JupyterHub with SimpleLocalProcessSpawner, driven like a meterhub HubProcess."""
 
     def command(self) -> list[str]:
-        from hub.app import find_proxy
+        from meterhub.hub.app import find_proxy
 
         hub = self.site["hub"]
         config = self.workdir / "jupyterhub_config.py"

@@ -10,7 +10,7 @@ import csv
 import io
 from decimal import Decimal
 
-from spawner.catalog import PASS_PERIODS, InvalidChoice
+from meterhub.spawner.catalog import PASS_PERIODS, InvalidChoice
 
 from .ledger import InsufficientCredit, KeyConflict, Ledger
 from .money import AmountError, format_money, parse_amount, to_micros

@@ -17,7 +17,7 @@ from jupyterhub.services.auth import HubOAuthCallbackHandler, HubOAuthenticated
 from jupyterhub.utils import url_path_join
 from tornado import web
 
-from spawner.catalog import GPU_COUNTS, GPU_TYPES, PASS_PERIODS
+from meterhub.spawner.catalog import GPU_COUNTS, GPU_TYPES, PASS_PERIODS
 
 from . import actions
 from .ledger import Ledger

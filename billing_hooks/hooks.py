@@ -16,7 +16,7 @@ import time
 from sqlalchemy.exc import DBAPIError
 from tornado import web
 
-from spawner.catalog import InvalidChoice
+from meterhub.spawner.catalog import InvalidChoice
 
 from .ledger import InsufficientCredit
 from .money import to_micros

@@ -67,7 +67,7 @@ def _engine(db_url: str):
 
 def priced_catalog(config, ledger: Ledger):
     """The catalog with the admins' price changes (kept in the ledger) applied (blocking)."""
-    from spawner.catalog import Catalog
+    from meterhub.spawner.catalog import Catalog
 
     catalog = Catalog(config=config)
     overrides = ledger.price_overrides()

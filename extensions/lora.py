@@ -1,6 +1,6 @@
 """The LoRA starter: fine-tune a causal LM from the pool with PEFT LoRA, resumably.
 
-    from extensions.lora import train
+    from meterhub.extensions.lora import train
     train()                      # picks a model and a dataset from /public, trains, saves
 
 In debug mode (no GPU) it takes the pool's tiny model and shows `step N loss X` falling in

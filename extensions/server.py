@@ -5,7 +5,7 @@ server's profile and GPUs, unread notifications — by asking the billing API wi
 server's own token ($JUPYTERHUB_API_TOKEN, which the hub grants `access:services!service=
 billing` and nothing more of billing). No admin token ever reaches a server.
 
-Enabled by the spawner (`--ServerApp.jpserver_extensions=extensions.server=True`), so it
+Enabled by the spawner (`--ServerApp.jpserver_extensions=meterhub.extensions.server=True`), so it
 runs in every single-user server meterhub starts.
 """
 
@@ -63,7 +63,7 @@ class StatusHandler(APIHandler):
 
 
 def _jupyter_server_extension_points():
-    return [{"module": "extensions.server"}]
+    return [{"module": "meterhub.extensions.server"}]
 
 
 def _load_jupyter_server_extension(serverapp):

@@ -1,7 +1,7 @@
 """Notebook widgets: `CreditMeter()` — balance, rate and time left — and `GpuInfo()` — the GPUs
 this server holds, with memory and utilisation from NVML when present.
 
-    from extensions.widgets import CreditMeter, GpuInfo
+    from meterhub.extensions.widgets import CreditMeter, GpuInfo
     CreditMeter()
     GpuInfo()
 

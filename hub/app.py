@@ -16,10 +16,10 @@ from jupyterhub.app import JupyterHub
 from sqlalchemy.exc import DBAPIError
 from traitlets.config import Config
 
-from billing_hooks.hooks import register_trial_credit
-from billing_hooks.settings import BillingSettings
-from spawner.local import LocalGPUSpawner
-from spawner.sandbox import bwrap_works
+from meterhub.billing_hooks.hooks import register_trial_credit
+from meterhub.billing_hooks.settings import BillingSettings
+from meterhub.spawner.local import LocalGPUSpawner
+from meterhub.spawner.sandbox import bwrap_works
 
 from .accounts import AccountError, add_user
 from .config import ConfigError, apply_config, demo_pool_dir, template_vars
@@ -101,7 +101,7 @@ def sandbox_warning(site: dict) -> str:
 
 def billing_service(site: dict, config_path: str | None) -> tuple[list[dict], list[dict]]:
     """The managed billing service and its least-privilege role: read servers, stop them."""
-    command = [sys.executable, "-m", "hub.cli", "billing", "service"]
+    command = [sys.executable, "-m", "meterhub.hub.cli", "billing", "service"]
     if config_path:
         command += ["--config", os.path.abspath(config_path)]
     service = {

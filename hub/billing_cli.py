@@ -9,10 +9,10 @@ from decimal import Decimal
 from sqlalchemy import create_engine, select, text
 from traitlets.config import Config
 
-from billing_hooks import actions
-from billing_hooks.money import format_duration, format_money
-from billing_hooks.orm import Entry, Wallet
-from billing_hooks.settings import BillingSettings
+from meterhub.billing_hooks import actions
+from meterhub.billing_hooks.money import format_duration, format_money
+from meterhub.billing_hooks.orm import Entry, Wallet
+from meterhub.billing_hooks.settings import BillingSettings
 
 from .config import ConfigError, apply_config, load_site_config
 
@@ -111,7 +111,7 @@ def audit(args) -> int:
 
 
 def upgrade_db(args) -> int:
-    from billing_hooks.db import upgrade
+    from meterhub.billing_hooks.db import upgrade
 
     _c, settings = _load(args)
     upgrade(settings.db_url)
@@ -120,7 +120,7 @@ def upgrade_db(args) -> int:
 
 
 def service(args) -> int:
-    from billing_hooks.service import main
+    from meterhub.billing_hooks.service import main
 
     c, settings = _load(args)
     main(settings, c)

@@ -7,7 +7,7 @@ import sys
 
 from sqlalchemy.exc import DBAPIError
 
-from billing_hooks.db import SchemaMismatch
+from meterhub.billing_hooks.db import SchemaMismatch
 
 from .billing_cli import CliError
 from .config import ConfigError
@@ -53,7 +53,7 @@ def _user_add(args) -> int:
         raise CliError(str(e)) from None
     from traitlets.config import Config
 
-    from billing_hooks.settings import BillingSettings
+    from meterhub.billing_hooks.settings import BillingSettings
 
     from .config import apply_config
 

@@ -15,8 +15,8 @@ from typing import Any
 import yaml
 from traitlets.config import Config
 
-from billing_hooks import hooks
-from spawner.catalog import parse_price
+from meterhub.billing_hooks import hooks
+from meterhub.spawner.catalog import parse_price
 
 from . import spawn_form
 
@@ -183,7 +183,7 @@ def apply_auth(site: dict, c: Config) -> Config:
     if auth["type"] == "native":
         import nativeauthenticator
 
-        c.JupyterHub.authenticator_class = "hub.auth.MeterNativeAuthenticator"
+        c.JupyterHub.authenticator_class = "meterhub.hub.auth.MeterNativeAuthenticator"
         n = c.NativeAuthenticator
         n.enable_signup = auth["enable_signup"]
         n.open_signup = auth["open_signup"]
@@ -245,11 +245,11 @@ KUBE_BILLING_API = "http://meterhub-billing:8082/services/billing/api/v1"
 
 #: the Wallet and billing admin pages (hub handlers; tornado imports them by name)
 PAGE_HANDLERS = [
-    (r"/wallet", "hub.pages.WalletPage"),
-    (r"/wallet/passes", "hub.pages.WalletPassesPage"),
-    (r"/wallet/usage.csv", "hub.pages.WalletCsv"),
-    (r"/billing-admin", "hub.pages.BillingAdminPage"),
-    (r"/billing-admin/grant", "hub.pages.BillingAdminGrant"),
+    (r"/wallet", "meterhub.hub.pages.WalletPage"),
+    (r"/wallet/passes", "meterhub.hub.pages.WalletPassesPage"),
+    (r"/wallet/usage.csv", "meterhub.hub.pages.WalletCsv"),
+    (r"/billing-admin", "meterhub.hub.pages.BillingAdminPage"),
+    (r"/billing-admin/grant", "meterhub.hub.pages.BillingAdminGrant"),
 ]
 
 
@@ -267,14 +267,14 @@ def apply_spawner_config(site: dict, c: Config) -> Config:
         "access:services!service=billing",
     ]
     if site["backend"] == "kubernetes":
-        c.JupyterHub.spawner_class = "spawner.kube.KubeGPUSpawner"
+        c.JupyterHub.spawner_class = "meterhub.spawner.kube.KubeGPUSpawner"
         c.Spawner.environment = {"METERHUB_BILLING_URL": KUBE_BILLING_API}
         apply_kubernetes(site, c)
     else:
-        c.JupyterHub.spawner_class = "spawner.local.LocalGPUSpawner"
+        c.JupyterHub.spawner_class = "meterhub.spawner.local.LocalGPUSpawner"
         billing_api = f"http://127.0.0.1:{site['hub']['billing_port']}/services/billing/api/v1"
         c.Spawner.environment = {"METERHUB_BILLING_URL": billing_api}
-        c.Spawner.args = ["--ServerApp.jpserver_extensions=extensions.server=True"]
+        c.Spawner.args = ["--ServerApp.jpserver_extensions=meterhub.extensions.server=True"]
     data_dir = site["data_dir"]
     c.LocalGPUSpawner.data_dir = data_dir
     c.LocalGPUSpawner.pool_dir = site.get("public_dir") or demo_pool_dir(site)

@@ -1,6 +1,6 @@
 """meterhub inside the zero-to-jupyterhub hub: what the Helm chart's `hub.extraConfig` runs.
 
-    from hub.k8s import configure
+    from meterhub.hub.k8s import configure
     configure(c)
 
 z2jh configures JupyterHub itself (database, proxy, authenticator, ports); this adds only
@@ -16,8 +16,8 @@ import os
 
 from traitlets.config import Config
 
-from billing_hooks.hooks import register_trial_credit
-from spawner.kube import OWNED_TRAITS
+from meterhub.billing_hooks.hooks import register_trial_credit
+from meterhub.spawner.kube import OWNED_TRAITS
 
 from .config import TEMPLATES, apply_spawner_config, load_site_config
 

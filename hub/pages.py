@@ -18,11 +18,11 @@ from jupyterhub.handlers import BaseHandler
 from sqlalchemy import select
 from tornado import web
 
-from billing_hooks import actions
-from billing_hooks.api import usage_json, wallet_json
-from billing_hooks.money import CURRENCY_SYMBOLS, accrued, format_money
-from billing_hooks.orm import Entry, MeteredSession, Wallet
-from billing_hooks.settings import BillingSettings, priced_catalog
+from meterhub.billing_hooks import actions
+from meterhub.billing_hooks.api import usage_json, wallet_json
+from meterhub.billing_hooks.money import CURRENCY_SYMBOLS, accrued, format_money
+from meterhub.billing_hooks.orm import Entry, MeteredSession, Wallet
+from meterhub.billing_hooks.settings import BillingSettings, priced_catalog
 
 DAY = 86_400
 PLOT_DAYS = 30

@@ -69,7 +69,7 @@ def _fake_user(name: str, groups) -> SimpleNamespace:
 
 def offline_spawner(config: Config, user: str, groups=()):
     """A KubeGPUSpawner with `config`, for a user in `groups` (call it in an event loop)."""
-    from spawner.kube import KubeGPUSpawner
+    from meterhub.spawner.kube import KubeGPUSpawner
 
     hub = SimpleNamespace(
         public_host="",

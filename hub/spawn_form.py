@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 
-from billing_hooks.money import (
+from meterhub.billing_hooks.money import (
     CURRENCY_SYMBOLS,
     accrued,
     format_duration,
@@ -17,10 +17,10 @@ from billing_hooks.money import (
     seconds_covered,
     to_micros,
 )
-from billing_hooks.settings import BillingSettings, priced_catalog
-from spawner.catalog import Choice
-from spawner.form import render_options_form
-from spawner.options import group_names
+from meterhub.billing_hooks.settings import BillingSettings, priced_catalog
+from meterhub.spawner.catalog import Choice
+from meterhub.spawner.form import render_options_form
+from meterhub.spawner.options import group_names
 
 
 def credit_annotation(available_micros: int, min_seconds: int):

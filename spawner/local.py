@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import importlib.util
 import os
 import shutil
 import signal
@@ -65,7 +66,7 @@ def server_code_paths(prefix: str) -> list[str]:
     """meterhub's code that runs inside servers (the `extensions` package), when the servers
     use the hub's own environment but the package lives outside it (an editable install,
     as `make` makes): that package directory alone, to be bound read-only."""
-    import extensions
+    from meterhub import extensions
 
     if os.path.realpath(prefix) != os.path.realpath(sys.prefix):
         return []  # another environment: meterhub[lab] is installed in it
@@ -92,6 +93,13 @@ def group_has_live_members(pgid: int) -> bool:
         if int(fields[2]) == pgid and fields[0] not in ("Z", "X"):
             return True
     return False
+
+
+def starter_notebooks() -> str:
+    """The folder of the starter notebooks meterhub ships (`meterhub.notebooks`, data only)."""
+    spec = importlib.util.find_spec("meterhub.notebooks")
+    folders = [p for p in (spec.submodule_search_locations or []) if os.path.isdir(p)]
+    return folders[0] if folders else ""
 
 
 def disk_dirname(username: str) -> str:
@@ -140,12 +148,12 @@ class LocalGPUSpawner(CatalogOptions, LocalProcessSpawner):
     ).tag(config=True)
 
     starter_notebooks_dir = Unicode(
-        help="Notebooks copied into each new disk (default: images/notebooks of meterhub).",
+        help="Notebooks copied into each new disk (default: the starter notebooks meterhub ships).",
     ).tag(config=True)
 
     @default("starter_notebooks_dir")
     def _default_starter_notebooks_dir(self):
-        return os.path.join(os.path.dirname(os.path.dirname(__file__)), "images", "notebooks")
+        return starter_notebooks()
 
     sandbox = Enum(
         ["auto", "bwrap", "off"],

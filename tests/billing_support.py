@@ -5,9 +5,9 @@ from __future__ import annotations
 from sqlalchemy import create_engine, event
 from sqlalchemy.pool import StaticPool
 
-from billing_hooks.clock import FakeClock
-from billing_hooks.ledger import Ledger
-from billing_hooks.orm import Base
+from meterhub.billing_hooks.clock import FakeClock
+from meterhub.billing_hooks.ledger import Ledger
+from meterhub.billing_hooks.orm import Base
 
 
 def memory_engine():

@@ -4,8 +4,8 @@ import threading
 
 import pytest
 
-from spawner.allocator import GpuAllocator, NotEnoughGpus
-from spawner.inventory import declared_inventory
+from meterhub.spawner.allocator import GpuAllocator, NotEnoughGpus
+from meterhub.spawner.inventory import declared_inventory
 
 INVENTORY = declared_inventory([{"type": "a800", "count": 4}, {"type": "rtx4090", "count": 1}])
 

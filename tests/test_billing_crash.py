@@ -10,10 +10,10 @@ import os
 import signal
 from pathlib import Path
 
-from billing_hooks.db import connect
-from billing_hooks.ledger import Ledger
-from billing_hooks.money import accrued, to_micros
-from billing_hooks.orm import Entry, MeteredSession
+from meterhub.billing_hooks.db import connect
+from meterhub.billing_hooks.ledger import Ledger
+from meterhub.billing_hooks.money import accrued, to_micros
+from meterhub.billing_hooks.orm import Entry, MeteredSession
 
 from .hubprocess import until
 

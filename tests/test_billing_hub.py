@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from billing_hooks.db import connect
-from billing_hooks.ledger import Ledger
-from billing_hooks.money import accrued, format_money, to_micros
-from billing_hooks.orm import MeteredSession
+from meterhub.billing_hooks.db import connect
+from meterhub.billing_hooks.ledger import Ledger
+from meterhub.billing_hooks.money import accrued, format_money, to_micros
+from meterhub.billing_hooks.orm import MeteredSession
 
 from .hubprocess import ADMIN_TOKEN, until
 from .jupyter import execute
@@ -268,7 +268,7 @@ def test_the_servers_status_endpoint_matches_the_wallet(billed):
                 billed.url,
                 "zed",
                 ADMIN_TOKEN,
-                "from extensions.widgets import CreditMeter\nprint(CreditMeter(interval=0).value)",
+                "from meterhub.extensions.widgets import CreditMeter\nprint(CreditMeter(interval=0).value)",
             )
         )
         # the widget shows the same answer as the status endpoint

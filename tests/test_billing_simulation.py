@@ -16,9 +16,9 @@ import random
 import pytest
 from sqlalchemy.exc import OperationalError
 
-from billing_hooks.db import connect
-from billing_hooks.ledger import InsufficientCredit
-from billing_hooks.money import MICROS, accrued, to_micros
+from meterhub.billing_hooks.db import connect
+from meterhub.billing_hooks.ledger import InsufficientCredit
+from meterhub.billing_hooks.money import MICROS, accrued, to_micros
 
 from .billing_support import make_ledger
 
@@ -121,7 +121,7 @@ def simulate(seed: int, engine=None) -> None:
 
 
 def _is_ready(ledger, session_id) -> bool:
-    from billing_hooks.orm import MeteredSession
+    from meterhub.billing_hooks.orm import MeteredSession
 
     with ledger.begin() as db:
         return db.get(MeteredSession, session_id).ready_at is not None
@@ -132,7 +132,7 @@ def _closed(ledger, session_id) -> bool:
 
 
 def check(ledger, granted, known, seed, step):
-    from billing_hooks.orm import MeteredSession
+    from meterhub.billing_hooks.orm import MeteredSession
 
     problems = ledger.audit()
     assert problems == [], f"seed {seed} step {step}: {problems}"

@@ -5,7 +5,13 @@ from decimal import Decimal
 import pytest
 from traitlets.config import Config
 
-from spawner.catalog import GPU_TYPES, Catalog, InvalidChoice, gpu_type_for_product, parse_price
+from meterhub.spawner.catalog import (
+    GPU_TYPES,
+    Catalog,
+    InvalidChoice,
+    gpu_type_for_product,
+    parse_price,
+)
 
 
 def test_reference_profiles_and_prices():

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from traitlets.config import Config
 
-from hub.config import ConfigError, apply_config, load_site_config
+from meterhub.hub.config import ConfigError, apply_config, load_site_config
 
 
 def write(tmp_path, text) -> Path:
@@ -27,7 +27,7 @@ def test_embedded_default(tmp_path):
     }
     assert "gpus" not in site  # detect with NVML
     c = apply_config(site, Config())
-    assert c.JupyterHub.spawner_class == "spawner.local.LocalGPUSpawner"
+    assert c.JupyterHub.spawner_class == "meterhub.spawner.local.LocalGPUSpawner"
     assert c.JupyterHub.db_url == f"sqlite:///{tmp_path}/meterhub-data/jupyterhub.sqlite"
     assert c.JupyterHub.cleanup_servers is False
     assert c.LocalGPUSpawner.pool_dir == str(tmp_path / "meterhub-data" / "pool")
@@ -137,7 +137,7 @@ def test_missing_public_dir_is_refused_before_writing(tmp_path):
 def test_serve_refuses_a_ledger_at_another_schema_with_the_upgrade_command(tmp_path):
     import sqlite3
 
-    from billing_hooks.db import connect
+    from meterhub.billing_hooks.db import connect
 
     data = tmp_path / "data"
     connect(f"sqlite:///{data}/billing.sqlite").dispose()
@@ -175,7 +175,7 @@ kubernetes:
 """,
     )
     c = apply_config(load_site_config(path), Config())
-    assert c.JupyterHub.spawner_class == "spawner.kube.KubeGPUSpawner"
+    assert c.JupyterHub.spawner_class == "meterhub.spawner.kube.KubeGPUSpawner"
     assert c.Catalog.allowed_groups == {"h800": ["lab-a", "staff"]}
     assert c.Catalog.allowed_groups_by_count == {"a800": {"8": ["staff"], "4": ["staff"]}}
     k = c.KubeGPUSpawner
@@ -188,7 +188,7 @@ kubernetes:
     assert k.node_products == {"rtx4090": ["NVIDIA-GeForce-RTX-4090-D"]}
     assert (k.debug_node_selector, k.uid) == ({"pool": "cpu"}, 1001)
     default = apply_config(load_site_config(None, cwd=str(tmp_path)), Config())
-    assert default.JupyterHub.spawner_class == "spawner.local.LocalGPUSpawner"
+    assert default.JupyterHub.spawner_class == "meterhub.spawner.local.LocalGPUSpawner"
 
 
 @pytest.mark.parametrize(
@@ -226,7 +226,7 @@ def test_oauth_sign_in(tmp_path, auth, cls, expected):
 
 def test_native_sign_in_is_the_default(tmp_path):
     c = apply_config(load_site_config(None, cwd=str(tmp_path)), Config())
-    assert c.JupyterHub.authenticator_class == "hub.auth.MeterNativeAuthenticator"
+    assert c.JupyterHub.authenticator_class == "meterhub.hub.auth.MeterNativeAuthenticator"
     assert c.NativeAuthenticator.open_signup is False
     assert c.NativeAuthenticator.minimum_password_length == 8
     path = write(tmp_path, "auth: {open_signup: true, enable_signup: false}")

@@ -6,7 +6,7 @@ import struct
 
 import yaml
 
-from hub.demo_pool import (
+from meterhub.hub.demo_pool import (
     TINY_LLAMA,
     byte_level_alphabet,
     ensure_demo_pool,

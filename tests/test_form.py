@@ -1,7 +1,7 @@
 """The spawn form: every profile, prices, free counts and reasons for what cannot start."""
 
-from spawner.catalog import Catalog
-from spawner.form import profile_options, render_options_form
+from meterhub.spawner.catalog import Catalog
+from meterhub.spawner.form import profile_options, render_options_form
 
 AVAILABLE = {"rtx4090": (4, 3), "a800": (2, 0), "h800": (0, 0)}
 
@@ -48,7 +48,7 @@ def test_unknown_availability_offers_everything():
 
 
 def test_hub_annotations_add_run_time_and_credit_reasons():
-    from hub.spawn_form import credit_annotation
+    from meterhub.hub.spawn_form import credit_annotation
 
     annotate = credit_annotation(available_micros=1_000_000, min_seconds=600)  # ¥1.00, 10 min
     options = {o.profile.slug: o for o in profile_options(Catalog(), AVAILABLE, annotate)}

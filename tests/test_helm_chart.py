@@ -13,9 +13,9 @@ import pytest
 import yaml
 from traitlets.config import Config
 
-from hub import helm_schema
-from hub.config import load_site_config
-from hub.k8s import configure
+from meterhub.hub.config import load_site_config
+from meterhub.hub.k8s import configure
+from tools import helm_schema
 
 ROOT = Path(__file__).resolve().parent.parent
 CHART = ROOT / "helm" / "meterhub"
@@ -59,7 +59,7 @@ def _merge(into: dict, layer: dict) -> None:
 
 def test_values_schema_json_and_docs_are_generated_from_the_yaml():
     assert (CHART / "values.schema.json").read_text() == helm_schema.render_json(), (
-        "run: .venv/bin/python -m hub.helm_schema"
+        "run: .venv/bin/python -m tools.generate"
     )
     assert (ROOT / "docs" / "helm-values.md").read_text() == helm_schema.render_docs()
 
@@ -234,7 +234,7 @@ def test_the_site_configmap_is_a_valid_kubernetes_site_config(chart, tmp_path):
     assert site["kubernetes"]["public_claim"] == "lab-pool"
     c = Config()
     configure(c, str(path))
-    assert c.JupyterHub.spawner_class == "spawner.kube.KubeGPUSpawner"
+    assert c.JupyterHub.spawner_class == "meterhub.spawner.kube.KubeGPUSpawner"
     assert c.KubeGPUSpawner.public_claim_name == "lab-pool"
     assert c.Catalog.allowed_groups == {"h800": ["lab-a"]}
     assert c.Catalog.prices == {"h800": "7.20"}
@@ -249,7 +249,7 @@ def test_the_hub_extra_config_in_values_runs(tmp_path, monkeypatch):
     monkeypatch.setenv("METERHUB_DB_URL", "postgresql://meter:secret@ledger-db/ledger")
     c = Config()
     exec(values["jupyterhub"]["hub"]["extraConfig"]["meterhub"], {"c": c})  # as z2jh does
-    assert c.JupyterHub.spawner_class == "spawner.kube.KubeGPUSpawner"
+    assert c.JupyterHub.spawner_class == "meterhub.spawner.kube.KubeGPUSpawner"
     assert c.BillingSettings.db_url == "postgresql://meter:secret@ledger-db/ledger"
     assert c.Spawner.pre_spawn_hook.__name__ == "authorize_spawn"
 

@@ -82,4 +82,4 @@ def test_images_enable_the_server_extension_and_ship_the_notebooks(image):
     assert "COPY images/notebooks /opt/meterhub/notebooks" in dockerfile
     assert "USER 1000" in dockerfile
     config = json.loads((IMAGES / "jupyter_server_config.json").read_text())
-    assert config["ServerApp"]["jpserver_extensions"] == {"extensions.server": True}
+    assert config["ServerApp"]["jpserver_extensions"] == {"meterhub.extensions.server": True}

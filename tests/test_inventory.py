@@ -2,7 +2,7 @@
 
 import pytest
 
-from spawner.inventory import (
+from meterhub.spawner.inventory import (
     Gpu,
     declared_inventory,
     detect_inventory,

@@ -11,9 +11,9 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from hub.config import load_site_config
-from hub.render_k8s import RenderError, profile_list, render
-from spawner.catalog import GPU_COUNTS, GPU_TYPES
+from meterhub.hub.config import load_site_config
+from meterhub.hub.render_k8s import RenderError, profile_list, render
+from meterhub.spawner.catalog import GPU_COUNTS, GPU_TYPES
 
 KUBERNETES_VERSIONS = ("1.30.0", "1.33.0", "1.37.0")
 METERHUB = str(Path(sys.executable).parent / "meterhub")
@@ -246,8 +246,8 @@ def test_inside_z2jh_each_start_begins_from_the_configuration(tmp_path):
 
     from traitlets.config import Config
 
-    from hub.k8s import configure
-    from hub.render_k8s import offline_spawner, start_manifests
+    from meterhub.hub.k8s import configure
+    from meterhub.hub.render_k8s import offline_spawner, start_manifests
 
     path = tmp_path / "meterhub.yaml"
     path.write_text(

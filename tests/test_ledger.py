@@ -5,10 +5,10 @@ import threading
 import pytest
 from sqlalchemy import text
 
-from billing_hooks.clock import FakeClock
-from billing_hooks.db import SchemaMismatch, connect, current_revision, head_revision
-from billing_hooks.ledger import ConcurrentUpdate, InsufficientCredit, KeyConflict, Ledger
-from billing_hooks.money import MICROS, accrued, to_micros
+from meterhub.billing_hooks.clock import FakeClock
+from meterhub.billing_hooks.db import SchemaMismatch, connect, current_revision, head_revision
+from meterhub.billing_hooks.ledger import ConcurrentUpdate, InsufficientCredit, KeyConflict, Ledger
+from meterhub.billing_hooks.money import MICROS, accrued, to_micros
 
 from .billing_support import make_ledger as make_memory_ledger
 

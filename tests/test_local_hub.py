@@ -8,7 +8,7 @@ import os
 import pytest
 import requests
 
-from spawner.local import group_has_live_members
+from meterhub.spawner.local import group_has_live_members
 
 from .hubprocess import ADMIN_TOKEN, until
 from .jupyter import KernelError, execute

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from billing_hooks.meter import Meter
-from billing_hooks.money import MICROS, accrued, to_micros
+from meterhub.billing_hooks.meter import Meter
+from meterhub.billing_hooks.money import MICROS, accrued, to_micros
 
 from .billing_support import make_ledger
 

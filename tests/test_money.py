@@ -4,7 +4,7 @@ from decimal import Decimal
 
 import pytest
 
-from billing_hooks.money import (
+from meterhub.billing_hooks.money import (
     AmountError,
     accrued,
     format_duration,

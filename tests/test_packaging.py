@@ -1,36 +1,82 @@
-"""A non-editable install (the hub image) ships every module and data file the code reads."""
+"""The wheel installs one package, `meterhub`, with every module and data file the code reads."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import tomllib
+import zipfile
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
+SETUPTOOLS = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+#: files the code opens at run time (not imports), as repository paths
+DATA_FILES = (
+    "hub/site-schema.yaml",
+    "hub/templates/admin.html",
+    "hub/templates/wallet.html",
+    "spawner/options_form.html",
+    "billing_hooks/migrations/script.py.mako",
+    "images/notebooks/lora-starter.ipynb",
+)
 
 
 def test_every_python_package_directory_is_listed():
-    config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
-    listed = set(config["packages"])
+    folders = {folder: package for package, folder in SETUPTOOLS["package-dir"].items()}
+    listed = set(SETUPTOOLS["packages"])
     found = set()
-    for top in listed:
-        top_dir = ROOT / top.split(".")[0]
-        for path in top_dir.rglob("*.py"):
+    for folder, package in folders.items():
+        for path in (ROOT / folder).rglob("*.py"):
             if "__pycache__" not in path.parts:
-                found.add(".".join(path.parent.relative_to(ROOT).parts))
+                inner = path.parent.relative_to(ROOT / folder).parts
+                found.add(".".join((package, *inner)))
     assert found <= listed, f"add to [tool.setuptools] packages: {sorted(found - listed)}"
 
 
-def test_data_files_are_package_data():
-    config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
-    patterns = config["package-data"]
-    for data in (
-        "hub/site-schema.yaml",
-        "hub/templates/admin.html",
-        "spawner/options_form.html",
-        "billing_hooks/migrations/script.py.mako",
-    ):
-        package, name = data.rsplit("/", 1)
-        dotted = package.replace("/", ".")
-        owner = next(p for p in sorted(patterns, key=len, reverse=True) if dotted.startswith(p))
-        relative = str(Path(data).relative_to(owner.replace(".", "/")))
-        assert any(Path(relative).match(g) for g in patterns[owner]), data
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory) -> zipfile.ZipFile:
+    out = tmp_path_factory.mktemp("wheel")
+    built = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation"]
+        + ["-w", str(out), str(ROOT)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert built.returncode == 0, built.stderr
+    (path,) = out.glob("meterhub-*.whl")
+    return zipfile.ZipFile(path)
+
+
+def test_the_wheel_has_one_top_level_package(wheel):
+    tops = {name.split("/")[0] for name in wheel.namelist()}
+    code = {top for top in tops if not top.endswith((".dist-info", ".data"))}
+    assert code == {"meterhub"}, code
+    entry_points = wheel.read(next(n for n in wheel.namelist() if n.endswith("entry_points.txt")))
+    assert b"meterhub = meterhub.hub.cli:main" in entry_points
+    assert b"public = meterhub.extensions.pool:PublicFileSystem" in entry_points
+
+
+def test_the_wheel_carries_every_data_file_the_code_reads(wheel):
+    names = set(wheel.namelist())
+    folders = sorted(SETUPTOOLS["package-dir"].items(), key=lambda kv: len(kv[1]), reverse=True)
+    for data in DATA_FILES:
+        package, folder = next((p, f) for p, f in folders if data.startswith(f + "/"))
+        inside = "/".join([*package.split("."), data[len(folder) + 1 :]])
+        assert inside in names, f"{data} is not in the wheel (expected {inside})"
+
+
+def test_no_generic_top_level_name_is_imported():
+    """Code and tests import `meterhub.hub`, never a bare `hub` that another project owns."""
+    offenders = []
+    for path in ROOT.glob("**/*.py"):
+        if any(part in (".venv", "node_modules", "build") for part in path.parts):
+            continue
+        for number, line in enumerate(path.read_text().splitlines(), 1):
+            stripped = line.strip()
+            for bare in ("hub", "spawner", "billing_hooks", "extensions"):
+                if stripped.startswith((f"from {bare} ", f"from {bare}.", f"import {bare}")):
+                    offenders.append(f"{path.relative_to(ROOT)}:{number}: {stripped}")
+    assert not offenders, "\n".join(offenders)

@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 import requests
 
-from billing_hooks.db import connect
-from billing_hooks.ledger import Ledger
+from meterhub.billing_hooks.db import connect
+from meterhub.billing_hooks.ledger import Ledger
 
 from .hubprocess import ADMIN_TOKEN, until
 

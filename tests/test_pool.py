@@ -5,8 +5,8 @@ from __future__ import annotations
 import fsspec
 import pytest
 
-from extensions.pool import Catalog, PublicFileSystem, catalog
-from hub.demo_pool import generate_demo_pool
+from meterhub.extensions.pool import Catalog, PublicFileSystem, catalog
+from meterhub.hub.demo_pool import generate_demo_pool
 
 
 @pytest.fixture(scope="module")

@@ -5,7 +5,7 @@ import subprocess
 
 import pytest
 
-from spawner.sandbox import SandboxSpec, bwrap_command, bwrap_works
+from meterhub.spawner.sandbox import SandboxSpec, bwrap_command, bwrap_works
 
 
 def spec(**kw):
@@ -114,7 +114,7 @@ def test_sandbox_really_hides_and_protects(tmp_path):
 
 
 def test_environment_paths_include_a_venvs_base_interpreter(tmp_path):
-    from spawner.local import environment_paths
+    from meterhub.spawner.local import environment_paths
 
     base = tmp_path / "python3.11"
     (base / "bin").mkdir(parents=True)

@@ -45,7 +45,7 @@ def test_the_shipped_notebook_trains_and_resumes_after_a_restart(lab_hub):
     out = run(
         lab_hub,
         "lea",
-        "from extensions.lora import train\n"
+        "from meterhub.extensions.lora import train\n"
         "r = train(max_steps=36)\n"
         "print('RESULT', r['resumed_from'], r['steps'])",
     )

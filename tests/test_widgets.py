@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from extensions.widgets import CreditMeter, GpuInfo, credit_html
+from meterhub.extensions.widgets import CreditMeter, GpuInfo, credit_html
 
 STATUS = {
     "user": "zed",

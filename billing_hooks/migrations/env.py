@@ -3,8 +3,8 @@
 from alembic import context
 from sqlalchemy import pool
 
-from billing_hooks.db import make_engine
-from billing_hooks.orm import Base
+from meterhub.billing_hooks.db import make_engine
+from meterhub.billing_hooks.orm import Base
 
 config = context.config
 target_metadata = Base.metadata

@@ -93,7 +93,7 @@ def test_debug_server_runs_without_gpus_unprivileged_and_keeps_its_disk():
 
 
 def test_gpu_server_lands_on_a_node_of_its_type():
-    from spawner.catalog import GPU_TYPES
+    from meterhub.spawner.catalog import GPU_TYPES
 
     nodes = read("nodes", label_selector=LABEL)
     products = {n["metadata"]["labels"][LABEL] for n in nodes}

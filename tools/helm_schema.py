@@ -1,6 +1,6 @@
 """Generate the Helm chart's values.schema.json and docs/helm-values.md from values.schema.yaml.
 
-    .venv/bin/python -m hub.helm_schema
+    .venv/bin/python -m tools.generate   (writes every generated file)
 
 `site` in the chart's values is the site config, so its schema is hub/site-schema.yaml itself,
 filled in here: one source for both.
@@ -14,8 +14,9 @@ from pathlib import Path
 
 import yaml
 
-from . import docs
-from .config import SCHEMA as SITE_SCHEMA
+from meterhub.hub.config import SCHEMA as SITE_SCHEMA
+
+from . import config_docs
 
 ROOT = Path(__file__).resolve().parent.parent
 CHART = ROOT / "helm" / "meterhub"
@@ -25,7 +26,7 @@ VALUES_DOCS = ROOT / "docs" / "helm-values.md"
 
 DOCS_HEADER = """# Helm chart values
 
-<!-- Generated from helm/meterhub/values.schema.yaml by `python -m hub.helm_schema`. -->
+<!-- Generated from helm/meterhub/values.schema.yaml by `python -m tools.generate`. -->
 
 The chart in `helm/meterhub` validates its values against `values.schema.json`; a value
 outside the schema stops `helm install` with the key it concerns. `site` is the meterhub site
@@ -75,13 +76,4 @@ def render_docs() -> str:
         "description": schema["properties"]["site"]["description"],
     }
     schema = _with_defaults(schema, yaml.safe_load((CHART / "values.yaml").read_text()))
-    return DOCS_HEADER + "\n".join(docs.rows(schema, definitions={})) + "\n"
-
-
-def main() -> None:
-    VALUES_SCHEMA_JSON.write_text(render_json())
-    VALUES_DOCS.write_text(render_docs())
-
-
-if __name__ == "__main__":
-    main()
+    return DOCS_HEADER + "\n".join(config_docs.rows(schema, definitions={})) + "\n"

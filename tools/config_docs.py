@@ -1,17 +1,17 @@
 """Generate docs/configuration.md from the site-config schema (the single source).
 
-.venv/bin/python -m hub.docs > docs/configuration.md
+.venv/bin/python -m tools.generate   (writes every generated file)
 """
 
 from __future__ import annotations
 
 import json
 
-from .config import SCHEMA
+from meterhub.hub.config import SCHEMA
 
 HEADER = """# Site configuration reference
 
-<!-- Generated from hub/site-schema.yaml by `python -m hub.docs`; a test keeps it in step. -->
+<!-- Generated from hub/site-schema.yaml by `python -m tools.generate`; a test keeps it in step. -->
 
 meterhub reads one YAML file, `meterhub serve --config FILE`. Without a file it runs the
 embedded default: SQLite under `./meterhub-data`, the local backend, a generated demo pool
