@@ -14,7 +14,18 @@ import re
 
 import bcrypt
 
-NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{0,63}$")
+#: The one user-name rule, for every way in: sign-up, the login page, OAuth, the admin API
+#: (`Authenticator.username_pattern`) and `meterhub user add`. JupyterHub lower-cases a name
+#: before it checks it. No whitespace, quotes or markup can pass, so a name is safe in HTML,
+#: in a URL path and in the sandbox's passwd line; `@` lets OpenID Connect providers that
+#: name people by e-mail (Azure AD's `preferred_username`, Google) sign in. `\Z`, not `$`:
+#: `$` also matches before a trailing newline.
+USERNAME_PATTERN = r"^[a-z0-9][a-z0-9._@-]{0,63}\Z"
+USERNAME_RULE = (
+    "lower-case letters, digits, '.', '_', '-' or '@', starting with a letter or digit,"
+    " at most 64 characters"
+)
+NAME = re.compile(USERNAME_PATTERN)
 
 
 class AccountError(ValueError):
@@ -38,10 +49,7 @@ def check_password(site: dict, password: str) -> None:
 def add_user(site: dict, name: str, password: str, admin: bool = False, replace: bool = False):
     """Create (or with `replace`, reset) a local account that can sign in; returns created."""
     if not NAME.match(name):
-        raise AccountError(
-            f"invalid user name {name!r}: lower-case letters, digits, '.', '_' or '-',"
-            " starting with a letter or digit, at most 64 characters"
-        )
+        raise AccountError(f"invalid user name {name!r}: {USERNAME_RULE}")
     check_password(site, password)
     from jupyterhub import orm
     from nativeauthenticator.orm import UserInfo
@@ -60,6 +68,13 @@ def add_user(site: dict, name: str, password: str, admin: bool = False, replace:
             db.add(user)
         if admin:
             user.admin = True
+        if orm.Role.find(db, "user") is not None:
+            # the hub has run: give the account its roles now, as JupyterHub does for the
+            # users it creates (a new database gets them when the hub first starts)
+            from jupyterhub import roles
+
+            db.flush()
+            roles.assign_default_roles(db, entity=user)
         hashed = bcrypt.hashpw(password.encode(), bcrypt.gensalt())
         created = info is None
         if created:
