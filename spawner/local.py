@@ -1,20 +1,29 @@
 """LocalGPUSpawner: single-user servers as local processes with exclusive GPUs.
 
 Each server runs unprivileged in a bubblewrap sandbox that shows only its own disk,
-the pool read-only at /public and its own GPU device nodes. GPUs are allocated from a
-persistent table, so a hub restart that keeps servers running never hands one out twice.
+the pool read-only at /public and its own GPU device nodes, in a cgroup that holds it to
+its profile's CPU and memory. GPUs are allocated from a persistent table, so a hub restart
+that keeps servers running never hands one out twice; a runtime record per server lets a
+hub that crashed mid-spawn find and stop what it started before it frees those GPUs.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
+import hashlib
 import importlib.util
+import json
+import logging
 import os
 import shutil
 import signal
 import sys
+import threading
 import time
+from collections.abc import Iterable
+from dataclasses import dataclass
 from subprocess import Popen
 
 from escapism import escape
@@ -23,6 +32,7 @@ from jupyterhub.utils import maybe_future, random_port
 from tornado import web
 from traitlets import Any, Dict, Enum, Int, List, Unicode, default
 
+from . import cgroups
 from .allocator import GpuAllocator, NotEnoughGpus
 from .catalog import Choice, InvalidChoice
 from .form import render_options_form
@@ -31,6 +41,12 @@ from .options import CatalogOptions, group_names
 from .sandbox import SandboxSpec, bwrap_command, bwrap_works
 
 SAFE_NAME_CHARS = "abcdefghijklmnopqrstuvwxyz0123456789"
+GIB = 1024**3
+#: how long a recorded server gets to exit after SIGTERM, then after SIGKILL
+TERM_TIMEOUT_SECONDS = 10
+KILL_TIMEOUT_SECONDS = 5
+#: the runtime records, one a server, below <data_dir>/run (a name no user's folder has)
+RECORDS_DIR = "servers.d"
 
 
 @functools.cache
@@ -93,6 +109,377 @@ def group_has_live_members(pgid: int) -> bool:
         if int(fields[2]) == pgid and fields[0] not in ("Z", "X"):
             return True
     return False
+
+
+# ---------------------------------------------------------------------- runtime records
+# JupyterHub stores a server's state (its pid) only after start() returns. A hub killed
+# between starting the process and that commit would forget a running server and hand its
+# GPUs to someone else. So the spawner writes its own record first, and the hub's start-up
+# stops every recorded server it does not know as running before it frees any GPU.
+
+
+@dataclass(frozen=True)
+class ServerRecord:
+    """What a hub needs to find a server's processes again after it crashed."""
+
+    #: the allocator's owner key, "{user id}/{server name}"
+    owner: str
+    #: an argument only this server's command line carries (the user's disk path)
+    marker: str
+    #: epoch seconds, taken before the process was started
+    started_at: int
+    gpu_indices: tuple[int, ...] = ()
+    cgroups: tuple[str, ...] = ()
+    #: the process group id (the first process's pid); None until the process exists
+    pid: int | None = None
+
+    def to_json(self) -> str:
+        return json.dumps(
+            {**dataclasses.asdict(self), "gpu_indices": list(self.gpu_indices)}, sort_keys=True
+        )
+
+    @classmethod
+    def from_json(cls, text: str) -> ServerRecord:
+        """Parse a record; ValueError when it is not one."""
+        data = json.loads(text)
+        if not isinstance(data, dict):
+            raise ValueError("not an object")
+        try:
+            record = cls(
+                owner=data["owner"],
+                marker=data["marker"],
+                started_at=data["started_at"],
+                gpu_indices=tuple(data.get("gpu_indices", ())),
+                cgroups=tuple(data.get("cgroups", ())),
+                pid=data.get("pid"),
+            )
+        except (KeyError, TypeError) as e:
+            raise ValueError(f"missing or bad field: {e}") from None
+        checks = [
+            isinstance(record.owner, str) and record.owner,
+            isinstance(record.marker, str) and os.path.isabs(record.marker),
+            isinstance(record.started_at, int),
+            all(isinstance(i, int) for i in record.gpu_indices),
+            all(isinstance(d, str) and os.path.isabs(d) for d in record.cgroups),
+            record.pid is None or (isinstance(record.pid, int) and record.pid > 1),
+        ]
+        if not all(checks):
+            raise ValueError("a field has the wrong type")
+        return record
+
+
+def records_dir(data_dir: str) -> str:
+    return os.path.join(data_dir, "run", RECORDS_DIR)
+
+
+def record_path(data_dir: str, owner: str) -> str:
+    name = escape(owner, safe=SAFE_NAME_CHARS, escape_char="-")
+    return os.path.join(records_dir(data_dir), name + ".json")
+
+
+def write_record(data_dir: str, record: ServerRecord) -> None:
+    """Write (or replace) a server's record atomically, readable by the hub's user only."""
+    os.makedirs(records_dir(data_dir), mode=0o700, exist_ok=True)
+    path = record_path(data_dir, record.owner)
+    temporary = path + ".tmp"
+    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(record.to_json())
+        f.flush()
+        os.fsync(f.fileno())
+    os.chmod(temporary, 0o600)  # in case a crash left it with another mode
+    os.replace(temporary, path)
+
+
+def read_record(data_dir: str, owner: str) -> ServerRecord | None:
+    try:
+        with open(record_path(data_dir, owner)) as f:
+            return ServerRecord.from_json(f.read())
+    except FileNotFoundError:
+        return None
+    except ValueError:
+        return None
+
+
+def read_records(data_dir: str) -> tuple[list[ServerRecord], list[str]]:
+    """Every record, and the paths of files that are not records."""
+    try:
+        names = sorted(os.listdir(records_dir(data_dir)))
+    except FileNotFoundError:
+        return [], []
+    records, bad = [], []
+    for name in names:
+        if not name.endswith(".json"):
+            continue  # an interrupted write's temporary file; its record is whole
+        path = os.path.join(records_dir(data_dir), name)
+        try:
+            with open(path) as f:
+                records.append(ServerRecord.from_json(f.read()))
+        except (OSError, ValueError):
+            bad.append(path)
+    return records, bad
+
+
+def remove_record(data_dir: str, owner: str) -> None:
+    try:
+        os.unlink(record_path(data_dir, owner))
+    except FileNotFoundError:
+        pass
+
+
+@dataclass(frozen=True)
+class ProcessInfo:
+    pid: int
+    pgid: int
+    #: one letter of /proc/<pid>/stat: R, S, D, T, Z ...
+    state: str
+    #: epoch seconds
+    started_at: float
+    argv: tuple[bytes, ...]
+
+
+@dataclass(frozen=True)
+class ServerProcesses:
+    """A recorded server's live processes: the process groups proven to be its own, and
+    every pid to signal (members of those groups and of its cgroups)."""
+
+    pgids: frozenset[int] = frozenset()
+    pids: frozenset[int] = frozenset()
+
+    def __bool__(self) -> bool:
+        return bool(self.pids)
+
+
+def carries_marker(argv: Iterable[bytes], marker: str) -> bool:
+    """Whether a command line has the marker as an argument (or as `--option=<marker>`)."""
+    wanted = marker.encode()
+    return any(arg == wanted or arg.endswith(b"=" + wanted) for arg in argv)
+
+
+def server_processes(
+    record: ServerRecord,
+    processes: Iterable[ProcessInfo],
+    cgroup_pids: Iterable[int] = (),
+    known_pgids: Iterable[int] = (),
+) -> ServerProcesses:
+    """Which live processes are the recorded server's (pure).
+
+    A process group is the server's only if a live member's command line carries the
+    record's marker: a pid recycled since the record was written is never taken for it.
+    Without a pid (the hub died between writing the record and starting the process), the
+    candidates are process groups whose leader started after the record was written.
+    Groups in `known_pgids` were proven earlier and stay the server's while they have
+    members (the kernel does not reuse a process group id that is still in use); members
+    of the server's cgroups are its own whatever their command line.
+    """
+    live = [p for p in processes if p.state not in ("Z", "X")]
+    if record.pid is not None:
+        candidates = {record.pid}
+    else:
+        candidates = {
+            p.pgid for p in live if p.pid == p.pgid and p.started_at >= record.started_at - 1
+        }
+    proven = {
+        p.pgid for p in live if p.pgid in candidates and carries_marker(p.argv, record.marker)
+    }
+    proven |= {pgid for pgid in known_pgids if any(p.pgid == pgid for p in live)}
+    in_cgroups = set(cgroup_pids)
+    pids = {p.pid for p in live if p.pgid in proven or p.pid in in_cgroups}
+    return ServerProcesses(frozenset(proven), frozenset(pids))
+
+
+@functools.cache
+def _boot_time() -> float:
+    with open("/proc/stat") as f:
+        for line in f:
+            if line.startswith("btime "):
+                return float(line.split()[1])
+    return 0.0
+
+
+def scan_processes(proc: str = "/proc") -> list[ProcessInfo]:
+    """Every process this hub can see (blocking)."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    found = []
+    for entry in os.listdir(proc):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"{proc}/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            with open(f"{proc}/{entry}/cmdline", "rb") as f:
+                argv = tuple(f.read().split(b"\0"))
+        except (OSError, IndexError):
+            continue  # it exited meanwhile
+        found.append(
+            ProcessInfo(
+                pid=int(entry),
+                pgid=int(fields[2]),
+                state=fields[0],
+                started_at=_boot_time() + int(fields[19]) / ticks,
+                argv=argv,
+            )
+        )
+    return found
+
+
+def _signal_processes(found: ServerProcesses, sig: int) -> None:
+    for pgid in found.pgids:
+        try:
+            os.killpg(pgid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+    for pid in found.pids:
+        try:
+            os.kill(pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+def stop_recorded_server(
+    record: ServerRecord,
+    log: logging.Logger,
+    term_timeout: float = TERM_TIMEOUT_SECONDS,
+    kill_timeout: float = KILL_TIMEOUT_SECONDS,
+) -> bool:
+    """Stop whatever still runs of a recorded server (blocking); True once nothing does.
+
+    SIGTERM with SIGCONT (a stopped process handles its SIGTERM only once continued), a
+    bounded wait, then SIGKILL and another bounded wait.
+    """
+    known: frozenset[int] = frozenset()
+
+    def find() -> ServerProcesses:
+        nonlocal known
+        found = server_processes(
+            record, scan_processes(), cgroups.members(record.cgroups), known_pgids=known
+        )
+        known = known | found.pgids
+        return found
+
+    found = find()
+    if not found:
+        return True
+    log.warning(
+        "Stopping %s (processes %s), which the hub does not know as running: its spawn was"
+        " interrupted or its state lost",
+        record.owner,
+        sorted(found.pids),
+    )
+    for signals, timeout in (
+        ((signal.SIGTERM, signal.SIGCONT), term_timeout),
+        ((signal.SIGKILL,), kill_timeout),
+    ):
+        for sig in signals:
+            _signal_processes(found, sig)
+        deadline = time.monotonic() + timeout
+        while found and time.monotonic() < deadline:
+            time.sleep(0.1)
+            found = find()
+        if not found:
+            return True
+    return False
+
+
+def forget_server(data_dir: str, record: ServerRecord, log: logging.Logger) -> None:
+    """Remove a stopped server's cgroups and record (blocking)."""
+    left = cgroups.remove(record.cgroups)
+    if left:
+        log.warning("Could not remove the cgroups %s of %s", left, record.owner)
+    remove_record(data_dir, record.owner)
+
+
+async def stop_orphans(data_dir: str, active: set[str], log: logging.Logger) -> set[str]:
+    """At hub start-up: stop every recorded server whose owner is not an active server of
+    the hub, then drop its record. Returns the owners of those that could not be stopped:
+    their GPUs must stay allocated."""
+    records, bad = await asyncio.to_thread(read_records, data_dir)
+    for path in bad:
+        log.error("%s is not a server record; remove it by hand once nothing of it runs", path)
+    orphans = [record for record in records if record.owner not in active]
+
+    async def stop(record: ServerRecord) -> bool:
+        if not await asyncio.to_thread(stop_recorded_server, record, log):
+            log.error(
+                "Could not stop the processes of %s; keeping GPUs %s allocated to it",
+                record.owner,
+                list(record.gpu_indices),
+            )
+            return False
+        await asyncio.to_thread(forget_server, data_dir, record, log)
+        return True
+
+    stopped = await asyncio.gather(*(stop(record) for record in orphans))
+    return {record.owner for record, ok in zip(orphans, stopped, strict=True) if not ok}
+
+
+# ---------------------------------------------------------------------- resource limits
+
+
+_layout_lock = threading.Lock()
+
+
+@functools.cache
+def _detected_layout() -> cgroups.CgroupLayout | str:
+    try:
+        return cgroups.detect()
+    except cgroups.CgroupsUnavailable as e:
+        return str(e)
+
+
+def _cgroup_layout() -> cgroups.CgroupLayout | str:
+    with _layout_lock:  # one probe, even when the first spawns come together
+        return _detected_layout()
+
+
+def resource_limits_status(mode: str) -> tuple[cgroups.CgroupLayout | None, str]:
+    """(layout, "") when servers get cgroup limits under `mode`, else (None, why not).
+    Blocking the first time (it probes the host)."""
+    if mode == "off":
+        return None, "resource_limits is off"
+    found = _cgroup_layout()
+    if isinstance(found, str):
+        return None, found
+    return found, ""
+
+
+_warned_without_limits = False
+
+
+def _warn_without_limits(log: logging.Logger, why: str) -> None:
+    global _warned_without_limits
+    if not _warned_without_limits:
+        _warned_without_limits = True
+        log.warning("servers run WITHOUT CPU/memory limits: %s", why)
+
+
+async def announce_resource_limits(mode: str, log: logging.Logger) -> None:
+    """Say at start-up whether servers get CPU and memory limits, and how."""
+    layout, why = await asyncio.to_thread(resource_limits_status, mode)
+    if layout is not None:
+        log.info("CPU and memory limits for servers: %s", layout.describe())
+    elif mode == "cgroup":
+        log.error(
+            "resource_limits = cgroup, but this host cannot limit servers (%s): every spawn"
+            " will fail",
+            why,
+        )
+    else:
+        _warn_without_limits(log, why)
+
+
+def _live(pids: Iterable[int]) -> set[int]:
+    """Those of `pids` that are neither gone nor zombies."""
+    live = set()
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                state = f.read().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            continue
+        if state not in ("Z", "X"):
+            live.add(pid)
+    return live
 
 
 def starter_notebooks() -> str:
@@ -168,6 +555,28 @@ class LocalGPUSpawner(CatalogOptions, LocalProcessSpawner):
         """,
     ).tag(config=True)
 
+    resource_limits = Enum(
+        ["auto", "cgroup", "off"],
+        "auto",
+        help="""
+        How a server is held to its profile's CPU cores and memory.
+
+        - `auto` (default): a cgroup per server (v2 where the host's unified hierarchy
+          offers the memory and cpu controllers, else v1) when the hub can create cgroups
+          below its own; otherwise servers run without limits, with one warning in the log.
+        - `cgroup`: always cgroups; a spawn fails when they cannot be set.
+        - `off`: no limits. DANGER: one user can then take every core and all the memory of
+          the machine, starve the other users' servers and the hub, and make the kernel's
+          OOM killer pick processes anywhere on the host.
+        """,
+    ).tag(config=True)
+
+    @default("poll_interval")
+    def _default_poll_interval(self):
+        # not JupyterHub's 30 s: a server that died (or went over its memory, which v1
+        # cgroups notice only here) would hold its GPUs, and show as running, that much longer
+        return 10
+
     uid_base = Int(
         200000,
         min=1000,
@@ -218,6 +627,10 @@ class LocalGPUSpawner(CatalogOptions, LocalProcessSpawner):
     last_seen_alive = Int(None, allow_none=True)
     #: set when poll() finds the server dead: when it was last seen alive (None if unknown)
     exited_after = Int(None, allow_none=True)
+    #: the server's cgroup folders (empty when it runs without limits)
+    cgroup_dirs = List(Unicode())
+    #: OOM kills its cgroups had counted when it started (a reused cgroup keeps its count)
+    oom_baseline = Int(0)
 
     # ------------------------------------------------------------------ inventory
 
@@ -235,6 +648,13 @@ class LocalGPUSpawner(CatalogOptions, LocalProcessSpawner):
     @property
     def owner_key(self) -> str:
         return f"{self.user.id}/{self.name}"
+
+    @property
+    def cgroup_name(self) -> str:
+        """The server's cgroup: its owner, after a tag of this hub (several hubs may share
+        the cgroup they were started in, each with its own user ids)."""
+        hub = hashlib.sha256(os.path.abspath(self.data_dir).encode()).hexdigest()[:8]
+        return f"{hub}-{escape(self.owner_key, safe=SAFE_NAME_CHARS, escape_char='-')}"
 
     @property
     def run_as(self) -> tuple[int, int] | None:
@@ -287,6 +707,7 @@ class LocalGPUSpawner(CatalogOptions, LocalProcessSpawner):
         sandboxed = self.sandbox == "bwrap" or (self.sandbox == "auto" and not why_not)
         if self.sandbox == "bwrap" and why_not:
             raise web.HTTPError(500, f"The sandbox is required but cannot run: {why_not}")
+        await self._stop_leftover()
 
         gpus: list[Gpu] = []
         if not choice.profile.is_debug:
@@ -305,11 +726,13 @@ class LocalGPUSpawner(CatalogOptions, LocalProcessSpawner):
                 raise web.HTTPError(409, str(e), reason="GPUs unavailable") from None
             self._progress(25, f"Allocated GPU {', '.join(str(g.index) for g in gpus)}")
         self.gpu_indices = [gpu.index for gpu in gpus]
+        self.cgroup_dirs = []
         try:
             self._progress(40, "Preparing disk")
             disk = await asyncio.to_thread(self._prepare_disk, sandboxed)
+            await self._limit_resources(choice)
             self.cpu_limit = float(choice.cpu)
-            self.mem_limit = choice.memory_gib * 1024**3
+            self.mem_limit = choice.memory_gib * GIB
             self.notebook_dir = self.disk_mount_path if sandboxed else disk
             self.port = self.port or random_port()
             env = self.get_env()
@@ -334,6 +757,7 @@ class LocalGPUSpawner(CatalogOptions, LocalProcessSpawner):
                     files=files,
                     run_as=self.run_as,
                 )
+                # the disk path is an argument of bwrap's command line: the record's marker
                 cmd = bwrap_command(spec, cmd, bwrap=shutil.which("bwrap") or "bwrap")
                 self._progress(60, "Starting JupyterLab in its sandbox")
             else:
@@ -343,26 +767,106 @@ class LocalGPUSpawner(CatalogOptions, LocalProcessSpawner):
                     why_not or "sandbox = off",
                 )
                 self._check_unsandboxed_access()
+                # the same root as JUPYTERHUB_ROOT_DIR, named on the command line as the marker
+                cmd.append(f"--ServerApp.root_dir={disk}")
                 self._progress(60, "Starting JupyterLab (no sandbox)")
+            record = ServerRecord(
+                owner=self.owner_key,
+                marker=disk,
+                started_at=int(time.time()),
+                gpu_indices=tuple(self.gpu_indices),
+                cgroups=tuple(self.cgroup_dirs),
+            )
+            await asyncio.to_thread(write_record, self.data_dir, record)
             self.proc = Popen(
                 cmd,
                 env=env,
                 cwd=disk,
-                preexec_fn=None if sandboxed else self._drop_privileges_fn(),
+                preexec_fn=self._preexec_fn(sandboxed),
                 start_new_session=True,  # own process group: stop signals the whole sandbox
                 **self.popen_kwargs,
             )
             self.pid = self.proc.pid
+            record = dataclasses.replace(record, pid=self.pid)
+            await asyncio.to_thread(write_record, self.data_dir, record)
             self._progress(80, "Waiting for JupyterLab to answer")
             await self._wait_for_port_or_exit()
             self.last_seen_alive, self.exited_after = int(time.time()), None
         except BaseException:
             if self.proc is not None and self.proc.poll() is None:
                 await self._signal(signal.SIGKILL)
-            await asyncio.to_thread(self.allocator.release, self.owner_key)
-            self.gpu_indices = []
+            await self._release(self.pid)
             raise
         return (self.ip or "127.0.0.1", self.port)
+
+    async def _stop_leftover(self) -> None:
+        """Stop what runs of an earlier start of this server that the hub lost track of,
+        so that it never shares GPUs with the new one; refuse the spawn if that fails."""
+        record = await asyncio.to_thread(read_record, self.data_dir, self.owner_key)
+        if record is None:
+            return
+        if not await asyncio.to_thread(stop_recorded_server, record, self.log):
+            self.log.error(
+                "Could not stop the processes of an earlier %s; keeping GPUs %s allocated",
+                self._log_name,
+                list(record.gpu_indices),
+            )
+            raise web.HTTPError(
+                500,
+                "An earlier server of yours is still running and could not be stopped;"
+                " ask the operator (the hub's log names it).",
+                reason="Earlier server still running",
+            )
+        await asyncio.to_thread(forget_server, self.data_dir, record, self.log)
+
+    async def _limit_resources(self, choice: Choice) -> None:
+        """Make the server's cgroup with its profile's limits (sets `cgroup_dirs`)."""
+        layout, why = await asyncio.to_thread(resource_limits_status, self.resource_limits)
+        if layout is None:
+            if self.resource_limits == "cgroup":
+                raise web.HTTPError(
+                    500,
+                    "CPU and memory limits are required (resource_limits = cgroup) but this"
+                    f" host cannot set them: {why}",
+                    reason="No resource limits",
+                )
+            _warn_without_limits(self.log, why)
+            return
+        self.cgroup_dirs = list(layout.server_dirs(self.cgroup_name))
+        try:
+            await asyncio.to_thread(
+                cgroups.create, layout, self.cgroup_name, choice.cpu, choice.memory_gib * GIB
+            )
+            self.oom_baseline = await asyncio.to_thread(cgroups.oom_kills, self.cgroup_dirs)
+        except OSError as e:
+            if self.resource_limits == "cgroup":
+                raise web.HTTPError(
+                    500, f"Could not set the server's CPU and memory limits: {e}"
+                ) from None
+            self.log.warning(
+                "Starting %s WITHOUT CPU/memory limits: its cgroup failed: %s", self._log_name, e
+            )
+            await asyncio.to_thread(cgroups.remove, self.cgroup_dirs)
+            self.cgroup_dirs = []
+            return
+        self._progress(50, f"Limited to {choice.cpu} CPU cores and {choice.memory_gib} GiB memory")
+
+    def _preexec_fn(self, sandboxed: bool):
+        """In the child, before exec: enter the server's cgroups (as the hub's user), then,
+        without the sandbox, become the server's user."""
+        steps = []
+        if self.cgroup_dirs:
+            steps.append(cgroups.joiner(self.cgroup_dirs))
+        if not sandboxed and (drop := self._drop_privileges_fn()) is not None:
+            steps.append(drop)
+        if not steps:
+            return None
+
+        def preexec():
+            for step in steps:
+                step()
+
+        return preexec
 
     async def _wait_for_port_or_exit(self) -> None:
         """Return once the server listens; fail with a clear message if it exits first.
@@ -414,9 +918,13 @@ class LocalGPUSpawner(CatalogOptions, LocalProcessSpawner):
         return os.path.join(self.disk_root, disk_dirname(self.user.name))
 
     def _prepare_disk(self, sandboxed: bool) -> str:
-        for path in (self.data_dir, self.disk_root):
-            os.makedirs(path, exist_ok=True)
-            os.chmod(path, 0o711)  # traversable, not listable: users never see who else has a disk
+        os.makedirs(self.data_dir, exist_ok=True)
+        # the hub's databases and secrets: only servers without the sandbox running as
+        # their own uids must traverse it to reach their disks (the hub logs it at start)
+        os.chmod(self.data_dir, 0o711 if not sandboxed and self.run_as else 0o700)
+        os.makedirs(self.disk_root, exist_ok=True)
+        # traversable, not listable: nobody sees who else has a disk
+        os.chmod(self.disk_root, 0o711)
         disk = self.disk_path
         created = not os.path.isdir(disk)
         os.makedirs(disk, mode=0o700, exist_ok=True)
@@ -519,36 +1027,92 @@ class LocalGPUSpawner(CatalogOptions, LocalProcessSpawner):
         if not self.pid:
             self.clear_state()
             return 0
-        if await self._signal(0) and await asyncio.to_thread(group_has_live_members, self.pid):
+        alive, oom_kills = await asyncio.to_thread(self._probe)
+        over_memory = oom_kills > self.oom_baseline
+        if alive and not over_memory:
             self.last_seen_alive = int(time.time())
             return None
+        if over_memory:
+            # v2 (memory.oom.group) has killed the whole server; v1 killed one process
+            # (usually the kernel) and left the rest running: a server over its limit stops
+            # as a whole, as a Kubernetes container does
+            self.log.error(
+                "%s went over its memory limit of %s GiB (the OOM killer killed a process in"
+                " it); %s",
+                self._log_name,
+                self.choice.memory_gib if self.choice else "?",
+                "stopping the whole server" if alive else "the server is gone",
+            )
+        if alive:
+            self.last_seen_alive = int(time.time())
+            await self._signal(signal.SIGKILL)
         # found dead: billing charges it only until it was last seen running
         self.exited_after = self.last_seen_alive
-        status = self.proc.returncode if self.proc is not None else 0
+        # JupyterHub does not call stop() for a server it finds dead: release it here
+        await self._release(self.pid)
+        status = self.proc.poll() if self.proc is not None else 0
         self.clear_state()
-        # JupyterHub does not call stop() for a server it finds dead: release its GPUs here
-        released = await asyncio.to_thread(self.allocator.release, self.owner_key)
-        if released:
-            self.log.info("Released GPUs %s of %s, which exited", released, self._log_name)
-        self.gpu_indices = []
         return status if status is not None else 0
+
+    def _probe(self) -> tuple[bool, int]:
+        """Whether the server's process group has a live member; its cgroups' OOM kills."""
+        return group_has_live_members(self.pid), cgroups.oom_kills(self.cgroup_dirs)
 
     async def stop(self, now=False):
         await super().stop(now=now)
-        if self.pid and await self._signal(0):
+        if self.pid and await asyncio.to_thread(group_has_live_members, self.pid):
             self.log.error(
                 "%s did not die; keeping GPUs %s allocated", self._log_name, self.gpu_indices
             )
             return
-        released = await asyncio.to_thread(self.allocator.release, self.owner_key)
-        if released:
-            self.log.info("Released GPUs %s of %s", released, self._log_name)
-        self.gpu_indices = []
+        await self._release(self.pid)
+
+    async def _release(self, pgid: int) -> None:
+        """After the server's process group was told to die: once nothing of it runs, remove
+        its cgroups and record and release its GPUs; if something survives, keep them."""
+        if await asyncio.to_thread(self._wait_until_gone, pgid):
+            released = await asyncio.to_thread(self.allocator.release, self.owner_key)
+            if released:
+                self.log.info("Released GPUs %s of %s", released, self._log_name)
+            self.gpu_indices = []
+        else:
+            self.log.error(
+                "Processes of %s survived SIGKILL; keeping GPUs %s allocated",
+                self._log_name,
+                self.gpu_indices,
+            )
+
+    def _wait_until_gone(self, pgid: int, timeout: float = KILL_TIMEOUT_SECONDS) -> bool:
+        """Blocking half of `_release`. Processes in the server's cgroups that left its
+        process group (`setsid`, a kernel started in a session of its own) are killed too."""
+        record = read_record(self.data_dir, self.owner_key)
+        dirs = list(dict.fromkeys([*self.cgroup_dirs, *(record.cgroups if record else ())]))
+        deadline = time.monotonic() + timeout
+        while True:
+            rest = _live(cgroups.members(dirs))
+            if not rest and not (pgid and group_has_live_members(pgid)):
+                break
+            if time.monotonic() > deadline:
+                return False
+            for pid in rest:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            time.sleep(0.1)
+        left = cgroups.remove(dirs)
+        if left:
+            self.log.warning("Could not remove the cgroups %s of %s", left, self._log_name)
+        remove_record(self.data_dir, self.owner_key)
+        return True
 
     def get_state(self):
         state = super().get_state()
         if self.gpu_indices:
             state["gpu_indices"] = list(self.gpu_indices)
+        if self.cgroup_dirs:
+            state["cgroups"] = list(self.cgroup_dirs)
+            state["oom_baseline"] = self.oom_baseline
         if self.choice is not None:
             state["profile"] = self.choice.user_options
         return state
@@ -556,6 +1120,8 @@ class LocalGPUSpawner(CatalogOptions, LocalProcessSpawner):
     def load_state(self, state):
         super().load_state(state)
         self.gpu_indices = list(state.get("gpu_indices", []))
+        self.cgroup_dirs = list(state.get("cgroups", []))
+        self.oom_baseline = int(state.get("oom_baseline", 0))
         if state.get("profile"):
             try:
                 self.choice = self.catalog.parse(state["profile"])
@@ -565,6 +1131,8 @@ class LocalGPUSpawner(CatalogOptions, LocalProcessSpawner):
     def clear_state(self):
         super().clear_state()
         self.proc = None
+        self.cgroup_dirs = []
+        self.oom_baseline = 0
 
 
 async def _options_form(spawner: LocalGPUSpawner) -> str:

@@ -1,0 +1,287 @@
+"""CPU and memory limits of local servers: the pure cgroup layout and writes with literal
+expectations for v1 and v2, the debug limits from the site config, and a real server that
+goes over its memory and is stopped as a whole."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import os
+from pathlib import Path
+
+import pytest
+from traitlets.config import Config
+
+from meterhub.billing_hooks.db import connect
+from meterhub.billing_hooks.ledger import Ledger
+from meterhub.billing_hooks.orm import MeteredSession
+from meterhub.hub.config import SCHEMA, apply_config, complete
+from meterhub.spawner import cgroups
+from meterhub.spawner.catalog import DEBUG_CPU, DEBUG_MEMORY_GIB, Catalog
+from meterhub.spawner.cgroups import CgroupLayout, CgroupsUnavailable, OwnCgroups
+
+from .hubprocess import ADMIN_TOKEN, until
+from .jupyter import execute
+
+# ---------------------------------------------------------------- texts of real hosts
+
+#: this project's machines: v1 memory and cpu, a unified hierarchy with no controllers
+V1_CGROUP = """\
+9:name=systemd:/
+8:pids:/
+7:blkio:/
+4:memory:/process_api/43cac30a
+1:cpu:/
+2:cpuacct:/
+0::/
+"""
+V1_MOUNTINFO = """\
+22 27 0:21 / /proc rw,relatime - proc proc rw
+31 23 0:28 / /sys/fs/cgroup rw,relatime - tmpfs tmpfs rw,mode=755
+32 31 0:29 / /sys/fs/cgroup/cpu rw,relatime - cgroup cgroup rw,cpu
+33 31 0:30 / /sys/fs/cgroup/cpuacct rw,relatime - cgroup cgroup rw,cpuacct
+35 31 0:32 / /sys/fs/cgroup/memory rw,relatime - cgroup cgroup rw,memory
+41 31 0:38 / /sys/fs/cgroup/unified rw,relatime - cgroup2 cgroup2 rw
+"""
+
+#: a systemd host with the unified hierarchy only (Debian 12, Ubuntu 22.04 and later)
+V2_CGROUP = "0::/system.slice/meterhub.service\n"
+V2_MOUNTINFO = (
+    "25 30 0:23 / /sys/fs/cgroup rw,nosuid,nodev,noexec,relatime shared:4"
+    " - cgroup2 cgroup2 rw,nsdelegate,memory_recursiveprot\n"
+)
+V2_CONTROLLERS = "cpuset cpu io memory hugetlb pids rdma misc\n"
+
+#: Docker without a cgroup namespace: each hierarchy's root is the container's cgroup,
+#: cpu and cpuacct mounted together, and a mount point with a space in it
+DOCKER_CGROUP = """\
+5:memory:/docker/abc123
+3:cpu,cpuacct:/docker/abc123
+"""
+DOCKER_MOUNTINFO = """\
+700 690 0:40 /docker/abc123 /sys/fs/cgroup/memory ro,nosuid - cgroup cgroup rw,memory
+701 690 0:41 /docker/abc123 /sys/fs/cgroup/cpu\\040and\\040acct ro - cgroup cgroup rw,cpu,cpuacct
+"""
+
+
+def test_v1_layout_of_this_kind_of_host():
+    own = cgroups.own_cgroups(V1_CGROUP, V1_MOUNTINFO)
+    assert own == OwnCgroups(
+        unified="/sys/fs/cgroup/unified",
+        v1={
+            "memory": "/sys/fs/cgroup/memory/process_api/43cac30a",
+            "cpu": "/sys/fs/cgroup/cpu",
+            "cpuacct": "/sys/fs/cgroup/cpuacct",
+        },
+    )
+    layout = cgroups.parse_layout(V1_CGROUP, V1_MOUNTINFO, unified_controllers="hugetlb\n")
+    assert layout == CgroupLayout(
+        1, memory="/sys/fs/cgroup/memory/process_api/43cac30a", cpu="/sys/fs/cgroup/cpu"
+    )
+    assert layout.server_dirs("ab12-3-2F") == (
+        "/sys/fs/cgroup/memory/process_api/43cac30a/meterhub/ab12-3-2F",
+        "/sys/fs/cgroup/cpu/meterhub/ab12-3-2F",
+    )
+
+
+def test_v1_writes():
+    layout = CgroupLayout(1, memory="/cg/memory/hub", cpu="/cg/cpu")
+    assert cgroups.limit_writes(layout, "s", cpu=12, memory_bytes=60 * 2**30) == [
+        ("/cg/memory/hub/meterhub/s/memory.limit_in_bytes", "64424509440"),
+        ("/cg/cpu/meterhub/s/cpu.cfs_period_us", "100000"),
+        ("/cg/cpu/meterhub/s/cpu.cfs_quota_us", "1200000"),
+    ]
+
+
+def test_v2_layout_and_writes():
+    layout = cgroups.parse_layout(V2_CGROUP, V2_MOUNTINFO, V2_CONTROLLERS)
+    own = "/sys/fs/cgroup/system.slice/meterhub.service"
+    assert layout == CgroupLayout(2, memory=own, cpu=own)
+    assert layout.server_dirs("s") == (f"{own}/meterhub/s",)
+    assert cgroups.limit_writes(layout, "s", cpu=1, memory_bytes=2**30) == [
+        (f"{own}/meterhub/s/memory.max", "1073741824"),
+        (f"{own}/meterhub/s/memory.oom.group", "1"),
+        (f"{own}/meterhub/s/cpu.max", "100000 100000"),
+    ]
+
+
+def test_v2_wins_over_v1_only_when_it_offers_both_controllers():
+    both = V1_MOUNTINFO
+    assert cgroups.parse_layout(V1_CGROUP, both, "cpu memory pids").version == 2
+    assert cgroups.parse_layout(V1_CGROUP, both, "memory pids").version == 1
+
+
+def test_bind_mounted_roots_co_mounted_controllers_and_escaped_mount_points():
+    layout = cgroups.parse_layout(DOCKER_CGROUP, DOCKER_MOUNTINFO)
+    assert layout == CgroupLayout(
+        1, memory="/sys/fs/cgroup/memory", cpu="/sys/fs/cgroup/cpu and acct"
+    )
+
+
+@pytest.mark.parametrize(
+    "self_cgroup, mountinfo, controllers, why",
+    [
+        (V2_CGROUP, V2_MOUNTINFO, "cpuset io pids", "does not offer memory and cpu"),
+        (V2_CGROUP, V2_MOUNTINFO, "cpu io pids", "does not offer memory to"),
+        ("4:memory:/x\n", V1_MOUNTINFO, "", "no mounted cgroup hierarchy has the cpu controller"),
+        ("", "", "", "has the memory and cpu controller"),
+    ],
+)
+def test_no_layout_says_why(self_cgroup, mountinfo, controllers, why):
+    with pytest.raises(CgroupsUnavailable, match=why):
+        cgroups.parse_layout(self_cgroup, mountinfo, controllers)
+
+
+def test_oom_kill_counts_of_v1_and_v2():
+    v1 = "oom_kill_disable 0\nunder_oom 0\noom_kill 3\n"
+    v2 = "low 0\nhigh 0\nmax 12\noom 2\noom_kill 2\noom_group_kill 1\n"
+    assert (cgroups.parse_oom_kills(v1), cgroups.parse_oom_kills(v2)) == (3, 2)
+    assert cgroups.parse_oom_kills("oom_kill_disable 0\n") == 0
+
+
+# ---------------------------------------------------------------- debug limits config
+
+
+def test_debug_limits_come_from_the_site_config():
+    site = complete({"profiles": {"debug": {"cpu": 1, "memory_gib": 3}}}, cwd="/srv")
+    c = apply_config(site, Config())
+    assert (c.Catalog.debug_cpu, c.Catalog.debug_memory_gib) == (1, 3)
+    choice = Catalog(config=c).choice("debug")
+    assert (choice.cpu, choice.memory_gib) == (1, 3)
+    # guarantees (Kubernetes requests) never above the limits
+    assert (choice.cpu_guarantee, choice.memory_guarantee_gib) == (0.5, 2)
+    small = Catalog(
+        config=apply_config(complete({"profiles": {"debug": {"memory_gib": 1}}}), Config())
+    )
+    assert small.choice("debug").memory_guarantee_gib == 1
+    # absent: the catalog's defaults, which the schema documents
+    default = Catalog(config=apply_config(complete({}), Config())).choice("debug")
+    assert (default.cpu, default.memory_gib) == (DEBUG_CPU, DEBUG_MEMORY_GIB)
+    debug = SCHEMA["definitions"]["debug_profile"]["properties"]
+    assert (debug["cpu"]["default"], debug["memory_gib"]["default"]) == (
+        DEBUG_CPU,
+        DEBUG_MEMORY_GIB,
+    )
+    # a GPU profile has no such keys
+    assert "cpu" not in SCHEMA["definitions"]["profile"]["properties"]
+
+
+# ---------------------------------------------------------------- a real server
+
+
+def _host_limits() -> CgroupLayout:
+    """What the spawner would use here, or a skip naming why there is none."""
+    try:
+        return cgroups.detect()
+    except CgroupsUnavailable as e:
+        pytest.skip(f"this host cannot give servers CPU/memory limits: {e}")
+
+
+def _ledger(hub) -> Ledger:
+    return Ledger(connect(f"sqlite:///{hub.data_dir}/billing.sqlite"))
+
+
+def _paths(proc_cgroup: str) -> dict[str, str]:
+    """The text of /proc/<pid>/cgroup as {controller: path} ("" for the unified one)."""
+    paths = {}
+    for line in filter(None, proc_cgroup.splitlines()):
+        _, controllers, path = line.split(":", 2)
+        for controller in controllers.split(",") if controllers else [""]:
+            paths[controller] = path
+    return paths
+
+
+def _cgroup_files(pid: int) -> dict[str, Path]:
+    """The directory of `pid`'s cgroup per controller ("memory", "cpu"; "" for v2)."""
+    own = cgroups.own_cgroups(
+        Path(f"/proc/{pid}/cgroup").read_text(), Path("/proc/self/mountinfo").read_text()
+    )
+    dirs = {name: Path(d) for name, d in own.v1.items() if name in ("memory", "cpu")}
+    if own.unified:
+        dirs[""] = Path(own.unified)
+    return dirs
+
+
+def remove_hub_cgroups(data_dir: str) -> None:
+    """Kill and remove what a failed test left: the cgroups of one hub's servers (their
+    names start with a tag of its data_dir), so none outlives the test run."""
+    try:
+        layout = cgroups.detect()
+    except CgroupsUnavailable:
+        return
+    tag = hashlib.sha256(os.path.abspath(data_dir).encode()).hexdigest()[:8]
+    for parent in {os.path.join(d, cgroups.PARENT) for d in (layout.memory, layout.cpu)}:
+        for name in os.listdir(parent) if os.path.isdir(parent) else ():
+            if name.startswith(tag + "-"):
+                path = os.path.join(parent, name)
+                cgroups.kill_members([path])
+                cgroups.remove([path])
+
+
+@pytest.fixture(scope="module")
+def limited(hub_factory):
+    _host_limits()
+    hub = hub_factory(
+        {"gpus": [], "profiles": {"debug": {"memory_gib": 1, "cpu": 1}}}, name="limited"
+    )
+    yield hub
+    hub.teardown()
+    remove_hub_cgroups(hub.data_dir)
+
+
+async def test_a_server_over_its_memory_is_stopped_as_a_whole(limited):
+    layout = _host_limits()
+    assert "CPU and memory limits for servers: cgroup" in limited.log_path.read_text()
+    server = limited.spawn("mia", {"profile": "debug"})
+    pid = server["state"]["pid"]
+    assert server["state"]["cgroups"], "the server must have cgroups"
+
+    # the sandbox and the kernel inside it are in the server's cgroup, with its limits
+    dirs = _cgroup_files(pid)
+    inside = await execute(
+        limited.url, "mia", ADMIN_TOKEN, "print(open('/proc/self/cgroup').read())"
+    )
+    kernel_paths = _paths(inside)
+    if layout.version == 1:
+        memory, cpu = dirs["memory"], dirs["cpu"]
+        assert int((memory / "memory.limit_in_bytes").read_text()) == 2**30
+        assert int((cpu / "cpu.cfs_quota_us").read_text()) == 100_000
+        assert int((cpu / "cpu.cfs_period_us").read_text()) == 100_000
+        assert str(memory).endswith(kernel_paths["memory"])
+        assert str(cpu).endswith(kernel_paths["cpu"])
+    else:
+        unified = dirs[""]
+        assert (unified / "memory.max").read_text().strip() == str(2**30)
+        assert (unified / "cpu.max").read_text().split() == ["100000", "100000"]
+        assert (unified / "memory.oom.group").read_text().strip() == "1"
+        assert str(unified).endswith(kernel_paths[""])
+    # a cgroup of its own, below the hub's
+    hub_paths = _paths(Path(f"/proc/{limited.proc.pid}/cgroup").read_text())
+    server_paths = _paths(Path(f"/proc/{pid}/cgroup").read_text())
+    for controller in ("memory", "cpu") if layout.version == 1 else ("",):
+        below = hub_paths[controller].rstrip("/") + "/meterhub/"
+        assert server_paths[controller].startswith(below), (server_paths, hub_paths)
+
+    # 1.5 GiB, touched: over the limit
+    hog = "x = b'x' * (1536 * 2**20)\nprint('survived', len(x))"
+    try:
+        out = await asyncio.wait_for(execute(limited.url, "mia", ADMIN_TOKEN, hog), 120)
+    except Exception as e:  # the kernel, then the server, died under the request
+        out = f"{type(e).__name__}: {e}"
+    assert "survived" not in out, out
+
+    # the whole server was stopped, the hub and this test live on
+    until(lambda: limited.server("mia") is None, "the hub to find the server dead", timeout=60)
+    assert limited.proc.poll() is None
+    log = limited.log_path.read_text()
+    assert "went over its memory limit of 1 GiB" in log, limited.log_tail()
+    with _ledger(limited).begin() as db:
+        (session,) = db.query(MeteredSession).filter_by(user_name="mia").all()
+        assert session.stopped_at is not None
+    for directory in server["state"]["cgroups"]:
+        assert not os.path.exists(directory), "the server's cgroup must be removed"
+
+    # the same user starts again with fresh limits
+    server = limited.spawn("mia", {"profile": "debug"})
+    assert await execute(limited.url, "mia", ADMIN_TOKEN, "print(1)") == "1\n"
+    limited.stop_server("mia")
