@@ -6,19 +6,23 @@ CHP := $(VENV)/node_modules/.bin/configurable-http-proxy
 CHP_VERSION := 5.2.0
 LAB_SRC := extensions/labextension
 LAB := extensions/lab/package.json
+LAB_NODE := $(LAB_SRC)/node_modules/.package-lock.json
+SERVER_CONFIG := $(VENV)/etc/jupyter/jupyter_server_config.d/meterhub.json
 
 .PHONY: serve test lint system-deps-serve system-deps-test clean
 
-serve: system-deps-serve $(VENV)/.lab-installed $(CHP) $(LAB)
+serve: system-deps-serve $(VENV)/.lab-installed $(CHP) $(LAB) $(SERVER_CONFIG)
 	$(VENV)/bin/meterhub serve
 
-test: system-deps-test $(VENV)/.test-installed $(CHP) $(LAB)
+test: system-deps-test $(VENV)/.test-installed $(CHP) $(LAB) $(SERVER_CONFIG)
 	$(VENV)/bin/ruff check .
+	cd $(LAB_SRC) && npm run --silent lint && npm test --silent
 	$(VENV)/bin/pytest -n 2 --dist loadfile --durations=15
 
-lint: $(VENV)/.test-installed
+lint: $(VENV)/.test-installed $(LAB_NODE)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+	cd $(LAB_SRC) && npm run --silent lint && npm run --silent prettier:check
 
 system-deps-serve:
 	@PYTHON=$(PYTHON) scripts/system-deps serve
@@ -40,11 +44,20 @@ $(VENV)/.test-installed: pyproject.toml | $(PY)
 
 # the JupyterLab extension (status bar credit, warnings), prebuilt with JupyterLab's builder
 # and linked where the servers' JupyterLab finds prebuilt extensions
-$(LAB): $(LAB_SRC)/src/index.ts $(LAB_SRC)/package.json $(LAB_SRC)/package-lock.json | $(PY)
-	cd $(LAB_SRC) && npm ci --no-audit --no-fund --loglevel=error
+$(LAB): $(wildcard $(LAB_SRC)/src/*.ts $(LAB_SRC)/style/*) $(LAB_SRC)/tsconfig.json $(LAB_NODE) | $(PY)
 	cd $(LAB_SRC) && PATH="$(abspath $(VENV))/bin:$$PATH" npm run --silent build
 	mkdir -p $(VENV)/share/jupyter/labextensions/@meterhub
 	ln -sfn "$(abspath extensions/lab)" $(VENV)/share/jupyter/labextensions/@meterhub/credit-status
+
+# the extension's build, lint and test tools, exactly as package-lock.json pins them
+$(LAB_NODE): $(LAB_SRC)/package.json $(LAB_SRC)/package-lock.json
+	cd $(LAB_SRC) && npm ci --no-audit --no-fund --loglevel=error
+
+# the server extension switched on in the servers' environment. An editable install skips
+# [tool.setuptools.data-files] (a wheel carries them), so put it where a wheel would; a copy,
+# not a link: the bwrap sandbox binds the environment, not this repository
+$(SERVER_CONFIG): jupyter-config/jupyter_server_config.d/meterhub.json | $(PY)
+	install -D -m 644 $< $@
 
 $(CHP): | $(PY)
 	npm install --prefix $(VENV) --no-audit --no-fund --loglevel=error configurable-http-proxy@$(CHP_VERSION)

@@ -19,6 +19,13 @@ import urllib.request
 import ipywidgets as widgets
 
 CURRENCY_SYMBOLS = {"CNY": "¥", "USD": "$", "EUR": "€"}
+#: JupyterLab's theme colours for each level (so the dark theme works), with a fallback for
+#: front ends without them
+LEVEL_COLOURS = {
+    "ok": "inherit",
+    "warning": "var(--jp-warn-color1, #e67700)",
+    "critical": "var(--jp-error-color1, #c92a2a)",
+}
 
 
 def credit_status() -> dict:
@@ -42,14 +49,25 @@ def _left(minutes: int | None) -> str:
     return f"{minutes} min left"
 
 
+def level(minutes_left: int | None, warn_minutes: list[int]) -> str:
+    """How near the stop is, by the site's `billing.warn_minutes` (as JupyterLab's status bar,
+    extensions/labextension/src/status.ts): `warning` at or below the largest threshold,
+    `critical` at or below the second largest (or the only one), else `ok`."""
+    if minutes_left is None or not warn_minutes:
+        return "ok"
+    thresholds = sorted(warn_minutes, reverse=True)
+    largest, second = thresholds[0], thresholds[1 if len(thresholds) > 1 else 0]
+    if minutes_left <= second:
+        return "critical"
+    if minutes_left <= largest:
+        return "warning"
+    return "ok"
+
+
 def credit_html(status: dict) -> str:
     symbol = CURRENCY_SYMBOLS.get(status["currency"], status["currency"] + " ")
     minutes = status.get("minutes_left")
-    colour = "inherit"
-    if minutes is not None and minutes <= 10:
-        colour = "#c92a2a"
-    elif minutes is not None and minutes <= 30:
-        colour = "#e67700"
+    colour = LEVEL_COLOURS[level(minutes, status.get("warn_minutes") or [])]
     parts = [
         f'<span class="meterhub-credit" style="color:{colour}">'
         f"<b>{symbol}{html.escape(status['balance'])}</b>"

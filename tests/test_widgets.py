@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from meterhub.extensions.widgets import CreditMeter, GpuInfo, credit_html
+from meterhub.extensions.widgets import CreditMeter, GpuInfo, credit_html, level
 
 STATUS = {
     "user": "zed",
@@ -10,6 +10,7 @@ STATUS = {
     "balance": "9.87",
     "rate_per_hour": "0.10",
     "minutes_left": 5922,
+    "warn_minutes": [30, 10, 2],
     "notifications": [],
 }
 
@@ -24,8 +25,31 @@ def test_credit_meter_turns_red_near_the_end_and_shows_warnings():
     low = dict(STATUS, balance="0.01", minutes_left=6)
     low["notifications"] = [{"message": "10 minutes of credit left — your server will stop"}]
     html = credit_html(low)
-    assert "#c92a2a" in html and "6 min left" in html and "your server will stop" in html
-    assert "#e67700" in credit_html(dict(STATUS, minutes_left=25))
+    assert "--jp-error-color1" in html and "6 min left" in html
+    assert "your server will stop" in html
+    assert "--jp-warn-color1" in credit_html(dict(STATUS, minutes_left=25))
+
+
+def test_the_colour_follows_the_sites_thresholds():
+    """The site's billing.warn_minutes, passed on by the status endpoint, decide the colour."""
+    site = dict(STATUS, warn_minutes=[60, 20])
+    assert "--jp-warn-color1" in credit_html(dict(site, minutes_left=45))
+    assert "--jp-error-color1" in credit_html(dict(site, minutes_left=20))
+    assert "color:inherit" in credit_html(dict(site, minutes_left=61))
+    assert "color:inherit" in credit_html(dict(STATUS, minutes_left=6, warn_minutes=[]))
+
+
+def test_level_is_the_status_bars_rule():
+    assert [level(m, [30, 10, 2]) for m in (31, 30, 11, 10, 0)] == [
+        "ok",
+        "warning",
+        "warning",
+        "critical",
+        "critical",
+    ]
+    assert level(45, [5, 60]) == "warning" and level(5, [5, 60]) == "critical"
+    assert level(15, [15]) == "critical" and level(16, [15]) == "ok"
+    assert level(None, [30]) == "ok" and level(1, []) == "ok"
 
 
 def test_credit_meter_reports_an_unreachable_billing_api():

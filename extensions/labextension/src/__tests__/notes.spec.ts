@@ -1,0 +1,102 @@
+import { MAX_IDS_PER_REQUEST, NotificationReader, noteType } from '../notes';
+import { INote } from '../status';
+
+function note(id: number, kind = 'warning'): INote {
+  return { id, kind, message: `note ${id}` };
+}
+
+/**
+ * A server that remembers what was marked read, and can be made to fail.
+ */
+class FakeServer {
+  read = new Set<number>();
+  requests: number[][] = [];
+  failing = false;
+
+  async markRead(ids: number[]): Promise<void> {
+    this.requests.push(ids);
+    if (this.failing) {
+      throw new Error('502: the billing service answered 503');
+    }
+    ids.forEach(id => this.read.add(id));
+  }
+
+  unread(notes: INote[]): INote[] {
+    return notes.filter(n => !this.read.has(n.id));
+  }
+}
+
+function reader(server: FakeServer, shown: INote[], errors: unknown[] = []) {
+  return new NotificationReader({
+    show: n => shown.push(n),
+    markRead: ids => server.markRead(ids),
+    onError: e => errors.push(e)
+  });
+}
+
+describe('NotificationReader', () => {
+  it('shows each unread notification once and marks it read', async () => {
+    const server = new FakeServer();
+    const shown: INote[] = [];
+    const page = reader(server, shown);
+    const notes = [note(1), note(2, 'stopped')];
+    expect(await page.read(server.unread(notes))).toBe(2);
+    expect(shown.map(n => n.id)).toEqual([1, 2]);
+    expect(server.requests).toEqual([[1, 2]]);
+    expect(server.unread(notes)).toEqual([]);
+    // the next status has nothing unread: nothing more is shown or sent
+    expect(await page.read(server.unread(notes))).toBe(0);
+    expect(shown).toHaveLength(2);
+    expect(server.requests).toHaveLength(1);
+  });
+
+  it('does not show again after a reload: a new page gets only what is unread', async () => {
+    const server = new FakeServer();
+    const first: INote[] = [];
+    await reader(server, first).read(server.unread([note(1)]));
+    const afterReload: INote[] = [];
+    const notes = [note(1), note(2)];
+    await reader(server, afterReload).read(server.unread(notes));
+    expect(first.map(n => n.id)).toEqual([1]);
+    expect(afterReload.map(n => n.id)).toEqual([2]);
+  });
+
+  it('retries marking that failed without showing the notification twice', async () => {
+    const server = new FakeServer();
+    const shown: INote[] = [];
+    const errors: unknown[] = [];
+    const page = reader(server, shown, errors);
+    server.failing = true;
+    expect(await page.read(server.unread([note(7)]))).toBe(0);
+    expect(errors).toHaveLength(1);
+    expect(server.read.size).toBe(0);
+    server.failing = false;
+    // still unread on the server, so the next status lists it again
+    expect(await page.read(server.unread([note(7)]))).toBe(1);
+    expect(shown.map(n => n.id)).toEqual([7]);
+    expect([...server.read]).toEqual([7]);
+  });
+
+  it('marks many in requests of at most the server limit', async () => {
+    const server = new FakeServer();
+    const notes = Array.from({ length: MAX_IDS_PER_REQUEST + 5 }, (_, i) =>
+      note(i + 1)
+    );
+    const shown: INote[] = [];
+    expect(await reader(server, shown).read(notes)).toBe(notes.length);
+    expect(server.requests.map(r => r.length)).toEqual([
+      MAX_IDS_PER_REQUEST,
+      5
+    ]);
+    expect(shown).toHaveLength(notes.length);
+  });
+});
+
+describe('noteType', () => {
+  it("shows the meter's warnings, stops and ended passes as warnings", () => {
+    expect(noteType('warning')).toBe('warning');
+    expect(noteType('stopped')).toBe('warning');
+    expect(noteType('pass-ended')).toBe('warning');
+    expect(noteType('news')).toBe('info');
+  });
+});
