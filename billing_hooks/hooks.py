@@ -4,6 +4,9 @@
 refuses (HTTP 402, saying the balance, the rate and what to do) unless the wallet covers
 the minimum minutes, and opens the metered session with the rate captured now.
 `settle_stop` is the post_stop_hook: it closes the session and charges its last window.
+`billed_pre_spawn` and `billed_post_stop` are what the hub sets on meterhub's own spawner
+classes: billing's hook first, then an operator's own (from c.Spawner or any other class the
+spawner derives from), so an operator's hook adds to billing and never replaces it.
 Ledger I/O runs in threads; the hub's event loop never waits on the database.
 """
 
@@ -13,6 +16,7 @@ import asyncio
 import logging
 import time
 
+from jupyterhub.utils import maybe_future
 from sqlalchemy.exc import DBAPIError
 from tornado import web
 
@@ -144,3 +148,55 @@ def register_trial_credit(config) -> None:
         asyncio.ensure_future(asyncio.to_thread(trial)).add_done_callback(report)
 
     event.listen(orm.User, "after_insert", created)
+
+
+# ------------------------------------------------------------ composition with operators' hooks
+
+
+async def billed_pre_spawn(spawner) -> None:
+    """Authorize and open the session, then run the operator's own pre_spawn_hook, if any.
+
+    The hub sets this on meterhub's spawner class (c.KubeGPUSpawner, c.LocalGPUSpawner),
+    the most specific config section: an operator's `c.Spawner.pre_spawn_hook` or
+    `c.KubeSpawner.pre_spawn_hook`, set before or after, runs after it instead of replacing
+    it. If the operator's hook fails, the spawn fails and the stop settles the session
+    (nothing is charged for a server that never became ready).
+    """
+    await authorize_spawn(spawner)
+    theirs = operator_hook(spawner, "pre_spawn_hook")
+    if theirs is not None:
+        await maybe_future(theirs(spawner))
+
+
+async def billed_post_stop(spawner) -> None:
+    """Settle the server's sessions, then run the operator's own post_stop_hook, if any."""
+    try:
+        await settle_stop(spawner)
+    finally:
+        theirs = operator_hook(spawner, "post_stop_hook")
+        if theirs is not None:
+            await maybe_future(theirs(spawner))
+
+
+#: billing's own hooks, never run twice as if they were an operator's
+BILLING_HOOKS = (authorize_spawn, settle_stop, billed_pre_spawn, billed_post_stop)
+
+
+def operator_hook(spawner, trait: str):
+    """The operator's own hook for `trait`: the most specific config section of the
+    spawner's classes that sets one that is not billing's (None if none does)."""
+    config = spawner.config
+    for cls in type(spawner).mro():
+        section = cls.__name__
+        if not dict.__contains__(config, section) or trait not in config[section]:
+            continue
+        hook = config[section][trait]
+        if hook is not None and not any(hook is ours for ours in BILLING_HOOKS):
+            return hook
+    return None
+
+
+def install_billing_hooks(section) -> None:
+    """Set billing's composed hooks on a spawner class's config section (`c.KubeGPUSpawner`)."""
+    section.pre_spawn_hook = billed_pre_spawn
+    section.post_stop_hook = billed_post_stop

@@ -9,9 +9,11 @@ does. The user options are the same: `{"profile": "debug"}`, `{"profile": "a800"
 from __future__ import annotations
 
 import copy
+import shlex
 
 from kubespawner import KubeSpawner
 from traitlets import Dict, List, Unicode, default
+from traitlets.config import Config
 
 from .catalog import GPU_TYPES, Catalog, Choice
 from .options import CatalogOptions, group_names
@@ -33,9 +35,10 @@ CHOICE_TRAITS = (
     "node_affinity_required",
     "tolerations",
 )
-#: what meterhub decides, not z2jh's `singleuser` values: hub.k8s drops these from
-#: c.KubeSpawner so KubeGPUSpawner's own defaults hold (one disk per user, /public, profiles,
-#: the non-root security context)
+#: what meterhub decides, not z2jh's `singleuser` values: KubeGPUSpawner ignores these in
+#: the config sections of the classes it derives from (c.KubeSpawner, c.Spawner), whatever
+#: the order they were set in, so its own defaults hold (one disk per user, /public,
+#: profiles, the non-root security context); c.KubeGPUSpawner.<trait> still sets them
 OWNED_TRAITS = (
     "profile_list",
     "volumes",
@@ -58,7 +61,24 @@ HIDE_GPUS = {"NVIDIA_VISIBLE_DEVICES": "void", "CUDA_VISIBLE_DEVICES": ""}
 
 
 class KubeGPUSpawner(CatalogOptions, KubeSpawner):
-    """Servers as pods: GPU profiles get `nvidia.com/gpu` on nodes of their GPU type."""
+    """Servers as pods: GPU profiles get `nvidia.com/gpu` on nodes of their GPU type.
+
+    Inside zero-to-jupyterhub, the chart's `jupyterhub_config.py` sets many KubeSpawner
+    traits before meterhub's `hub.extraConfig` runs; nothing here depends on that order:
+    OWNED_TRAITS are read only from this class's own section, `meterhub_environment` is
+    merged over `environment`, and the starter-notebook postStart hook over
+    `lifecycle_hooks`.
+    """
+
+    meterhub_environment = Dict(
+        value_trait=Unicode(),
+        key_trait=Unicode(),
+        help="""
+        Environment variables meterhub gives every server (e.g. METERHUB_BILLING_URL),
+        merged over `environment` (z2jh's `singleuser.extraEnv`) instead of being replaced
+        by it. A name in both gets this value.
+        """,
+    ).tag(config=True)
 
     gpu_image = Unicode(
         "",
@@ -168,15 +188,36 @@ class KubeGPUSpawner(CatalogOptions, KubeSpawner):
         help="Notebooks in the image copied into a user's disk on the first start.",
     ).tag(config=True)
 
-    @default("lifecycle_hooks")
-    def _default_lifecycle_hooks(self):
-        # once per disk (a marker file): a user who deletes the notebook keeps it deleted
-        copy = (
+    def starter_copy_script(self) -> str:
+        """Copy the starter notebooks into HOME once per disk (a marker file): a user who
+        deletes one keeps it deleted."""
+        return (
             'marker="$HOME/.meterhub-starters"; [ -e "$marker" ] && exit 0;'
             f' for f in {self.starter_notebooks_dir}/*.ipynb; do [ -e "$f" ] &&'
             ' cp -n "$f" "$HOME"/; done; touch "$marker"'
         )
-        return {"postStart": {"exec": {"command": ["sh", "-c", copy]}}}
+
+    def merged_lifecycle_hooks(self, configured: dict) -> dict:
+        """The configured hooks (z2jh's `singleuser.lifecycleHooks`) plus the starter copy.
+
+        A configured `exec` postStart runs after the copy, in the same shell; any other
+        kind of postStart (httpGet) cannot be chained, so it replaces the copy, with a
+        warning.
+        """
+        hooks = copy.deepcopy(configured or {})
+        theirs = hooks.get("postStart")
+        script = self.starter_copy_script()
+        if theirs is None:
+            hooks["postStart"] = {"exec": {"command": ["sh", "-c", script]}}
+        elif (theirs.get("exec") or {}).get("command"):
+            # the copy in a subshell: its early `exit 0` must not skip the configured hook
+            then = shlex.join(theirs["exec"]["command"])
+            hooks["postStart"] = {"exec": {"command": ["sh", "-c", f"( {script} ); {then}"]}}
+        else:
+            self.log.warning(
+                "lifecycle_hooks.postStart is not an exec hook; starter notebooks are not copied"
+            )
+        return hooks
 
     @default("profile_list")
     def _default_profile_list(self):
@@ -193,8 +234,15 @@ class KubeGPUSpawner(CatalogOptions, KubeSpawner):
             spawner.catalog, None, groups=group_names(spawner.user)
         )
 
+    def _load_config(self, cfg, section_names=None, traits=None):
+        # z2jh (and any operator) configures c.KubeSpawner; what meterhub owns is taken only
+        # from c.KubeGPUSpawner, so the order the two configs ran in cannot matter
+        return super()._load_config(_without_owned(cfg, KubeGPUSpawner), section_names, traits)
+
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
+        self.environment = {**self.environment, **self.meterhub_environment}
+        self.lifecycle_hooks = self.merged_lifecycle_hooks(self.lifecycle_hooks)
         # what the configuration says, before any choice: each start begins from here
         self._configured = {name: copy.deepcopy(getattr(self, name)) for name in CHOICE_TRAITS}
 
@@ -264,6 +312,22 @@ class KubeGPUSpawner(CatalogOptions, KubeSpawner):
         ]
         override["tolerations"] = [*configured["tolerations"], *self.gpu_tolerations]
         return override
+
+
+def _without_owned(cfg: Config, cls: type) -> Config:
+    """`cfg` without OWNED_TRAITS in the sections of the classes `cls` derives from."""
+    inherited = {base.__name__ for base in cls.mro()[1:]}
+    touched = [
+        name
+        for name in inherited
+        if dict.__contains__(cfg, name) and any(t in cfg[name] for t in OWNED_TRAITS)
+    ]
+    if not touched:
+        return cfg
+    filtered = Config(cfg)
+    for name in touched:
+        filtered[name] = Config({k: v for k, v in cfg[name].items() if k not in OWNED_TRAITS})
+    return filtered
 
 
 def _profile_list(spawner: KubeGPUSpawner) -> list[dict]:

@@ -252,6 +252,9 @@ def test_the_hub_extra_config_in_values_runs(tmp_path, monkeypatch):
     assert c.JupyterHub.spawner_class == "meterhub.spawner.kube.KubeGPUSpawner"
     assert c.BillingSettings.db_url == "postgresql://meter:secret@ledger-db/ledger"
     assert c.Spawner.pre_spawn_hook.__name__ == "authorize_spawn"
+    # billing's hooks on KubeGPUSpawner's own section: an operator's c.Spawner hook adds to them
+    assert c.KubeGPUSpawner.pre_spawn_hook.__name__ == "billed_pre_spawn"
+    assert c.KubeGPUSpawner.post_stop_hook.__name__ == "billed_post_stop"
 
 
 def test_lint_finds_no_errors():
@@ -270,3 +273,124 @@ def test_pins_agree():
     hub_image = values["jupyterhub"]["hub"]["image"]
     assert hub_image["tag"] == values["billing"]["image"]["tag"] == chart["appVersion"]
     assert hub_image["name"] == values["billing"]["image"]["name"]
+
+
+def test_the_chart_roles_are_billings_own():
+    """hub.loadRoles gives users billing's spend scope and defines the billing admin role
+    exactly as meterhub.billing_hooks.scopes does (no members: operators add them)."""
+    from meterhub.billing_hooks.scopes import billing_admin_role, user_role
+
+    roles = yaml.safe_load((CHART / "values.yaml").read_text())["jupyterhub"]["hub"]["loadRoles"]
+    expected_user = user_role()
+    assert roles[expected_user["name"]]["scopes"] == expected_user["scopes"]
+    admin = billing_admin_role()
+    chart_admin = roles[admin["name"]]
+    assert chart_admin["scopes"] == admin["scopes"]
+    assert chart_admin["description"] == admin["description"]
+    assert not chart_admin.get("users") and not chart_admin.get("services")
+    assert not chart_admin.get("groups")
+    # the meter's own role never gains the right to start servers
+    assert not any("servers" in s and s.startswith(("admin", "servers")) for s in
+                   roles["meterhub-billing"]["scopes"])  # fmt: skip
+
+
+def _prefixed(prefix: str, claim: str) -> dict:
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    hub = values["jupyterhub"]["hub"]
+    values["jupyterhub"]["fullnameOverride"] = prefix
+    dash = f"{prefix}-" if prefix else ""
+    hub["extraVolumes"][0]["configMap"]["name"] = f"{dash}meterhub-site"
+    env = hub["extraEnv"]
+    env["METERHUB_BILLING_SERVICE_URL"]["valueFrom"]["configMapKeyRef"]["name"] = (
+        f"{dash}meterhub-site"
+    )
+    env["METERHUB_DB_URL"]["valueFrom"]["secretKeyRef"]["name"] = f"{dash}meterhub-database"
+    values["public"]["claimName"] = claim  # or share one pool: public.create false
+    return merged(values, DB)
+
+
+def test_two_releases_in_one_namespace_share_no_name(chart):
+    names = {}
+    for release, prefix in (("lab-a", "lab-a"), ("lab-b", "lab-b")):
+        rendered = chart.render(_prefixed(prefix, f"{release}-pool"), name=release, namespace="gpu")
+        found = [d for p, t in rendered.items() if p.endswith(".yaml") for d in yaml.safe_load_all(t) if d]  # fmt: skip
+        names[release] = {(o["kind"], o["metadata"]["name"]) for o in found}
+        for obj in found:
+            kubernetes_validate.validate(obj, KUBERNETES_VERSIONS[-1], strict=True)
+        deployment = by_kind(found)[("Deployment", f"{prefix}-meterhub-billing")]
+        pod = deployment["spec"]["template"]["spec"]
+        env = {e["name"]: e for e in pod["containers"][0]["env"]}
+        assert env["JUPYTERHUB_API_URL"]["value"] == f"http://{prefix}-hub:8081/hub/api"
+        assert env["JUPYTERHUB_API_TOKEN"]["valueFrom"]["secretKeyRef"]["name"] == f"{prefix}-hub"
+        assert pod["volumes"][0]["configMap"]["name"] == f"{prefix}-meterhub-site"
+        site = by_kind(found)[("ConfigMap", f"{prefix}-meterhub-site")]
+        assert site["data"]["billing-service-url"] == f"http://{prefix}-meterhub-billing:8082"
+        policy = by_kind(found)[("NetworkPolicy", f"{prefix}-meterhub-billing")]["spec"]
+        releases = {
+            p["podSelector"]["matchLabels"]["release"] for p in policy["ingress"][0]["from"]
+        }
+        assert releases == {release}  # only this release's proxy, hub and servers
+        assert policy["podSelector"]["matchLabels"]["app.kubernetes.io/instance"] == release
+    assert len(names["lab-a"]) >= 6 and not names["lab-a"] & names["lab-b"]
+
+
+def test_a_null_prefix_is_the_release_and_z2jh_names(chart):
+    values = _prefixed("", "meterhub-public")
+    values["jupyterhub"]["fullnameOverride"] = None
+    with pytest.raises(helm.HelmError) as e:
+        chart.render(values, name="gpu", namespace="gpu-lab")
+    assert 'the ConfigMap "gpu-jupyterhub-meterhub-site"' in str(e.value)
+    fixed = _prefixed("gpu-jupyterhub", "meterhub-public")
+    fixed["jupyterhub"]["fullnameOverride"] = None
+    found = by_kind(objects(chart, fixed))
+    env = {e["name"]: e for e in found[("Deployment", "gpu-jupyterhub-meterhub-billing")]["spec"][
+        "template"]["spec"]["containers"][0]["env"]}  # fmt: skip
+    assert env["JUPYTERHUB_API_TOKEN"]["valueFrom"]["secretKeyRef"]["name"] == "gpu-jupyterhub-hub"
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (
+            lambda hub: hub["extraVolumes"][0]["configMap"].update(name="x"),
+            'jupyterhub.hub.extraVolumes: the meterhub-site volume must name the ConfigMap "lab-meterhub-site"',
+        ),
+        (
+            lambda hub: hub["extraEnv"]["METERHUB_BILLING_SERVICE_URL"]["valueFrom"][
+                "configMapKeyRef"].update(name="x"),
+            'METERHUB_BILLING_SERVICE_URL.valueFrom.configMapKeyRef.name must be "lab-meterhub-site"',
+        ),
+        (
+            lambda hub: hub["extraEnv"]["METERHUB_DB_URL"]["valueFrom"]["secretKeyRef"].update(
+                name="x"),
+            'METERHUB_DB_URL.valueFrom.secretKeyRef.name must be "lab-meterhub-database"',
+        ),
+    ],
+)  # fmt: skip
+def test_names_z2jh_cannot_template_are_checked(chart, change, message):
+    values = _prefixed("lab", "meterhub-public")
+    chart.render(values, name="lab", namespace="gpu")  # consistent: renders
+    change(values["jupyterhub"]["hub"])
+    with pytest.raises(helm.HelmError) as e:
+        chart.render(values, name="lab", namespace="gpu")
+    assert message in str(e.value)
+
+
+def test_billing_readiness_probe_and_pull_secrets(chart):
+    values = merged(DB, {"billing": {"image": {"pullSecrets": ["registry-cred"]}}})
+    deployment = by_kind(objects(chart, values))[("Deployment", "meterhub-billing")]
+    pod = deployment["spec"]["template"]["spec"]
+    assert pod["imagePullSecrets"] == [{"name": "registry-cred"}]
+    probe = pod["containers"][0]["readinessProbe"]
+    assert probe["httpGet"] == {"path": "/services/billing/api/v1/health", "port": "http"}
+    default = by_kind(objects(chart, DB))[("Deployment", "meterhub-billing")]
+    assert "imagePullSecrets" not in default["spec"]["template"]["spec"]
+
+
+@pytest.mark.parametrize("key", ["auth", "gpus", "local", "data_dir"])
+def test_local_only_site_keys_fail_the_render(chart, key):
+    value = {"auth": {"type": "native"}, "gpus": [{"type": "a800", "count": 1}],
+             "local": {"sandbox": "off"}, "data_dir": "/data"}[key]  # fmt: skip
+    with pytest.raises(helm.HelmError) as e:
+        chart.render(merged(DB, {"site": {key: value}}), name="gpu", namespace="gpu-lab")
+    assert f"site.{key}: only used by the local backend" in str(e.value)

@@ -297,3 +297,243 @@ def test_inside_z2jh_each_start_begins_from_the_configuration(tmp_path):
     assert "NVIDIA_VISIBLE_DEVICES" not in env_of(rtx_c)
     assert env_of(debug_c)["NVIDIA_VISIBLE_DEVICES"] == "void"
     assert set(volumes_of(debug)) == {"home", "public", "shm"}
+
+
+# ------------------------------------------------------------ inside the real z2jh hub config
+
+
+def _site_file(tmp_path, site: dict | None = None) -> str:
+    path = tmp_path / "meterhub.yaml"
+    base = {"billing": {"db_url": f"sqlite:///{tmp_path}/ledger.sqlite"}}
+    path.write_text(yaml.safe_dump({**base, **(site or {})}))
+    return str(path)
+
+
+def _z2jh_then_meterhub(path: str, meterhub_first: bool = False, **singleuser):
+    """z2jh's jupyterhub_config.py, then meterhub's hub.extraConfig (or the reverse)."""
+    from traitlets.config import Config
+
+    from meterhub.hub.k8s import configure
+
+    from .k8s.z2jh import apply_z2jh_config
+
+    c = Config()
+    if meterhub_first:
+        configure(c, path)
+        apply_z2jh_config(c, **singleuser)
+    else:
+        apply_z2jh_config(c, **singleuser)
+        configure(c, path)
+    return c
+
+
+async def _effective(c, user="alice", groups=()):
+    from jupyterhub.utils import maybe_future
+
+    from meterhub.hub.render_k8s import offline_spawner
+
+    spawner = offline_spawner(c, user, groups)
+    profiles = await maybe_future(spawner.profile_list(spawner))
+    return spawner, profiles
+
+
+@pytest.mark.parametrize("meterhub_first", [False, True], ids=["z2jh-first", "meterhub-first"])
+def test_meterhub_settings_hold_over_z2jh_config_in_either_order(
+    tmp_path, monkeypatch, meterhub_first
+):
+    """Every spawner trait z2jh's jupyterhub_config.py assigns (tests/k8s/z2jh.py), then
+    meterhub's configure(c): what the spawner really uses is meterhub's."""
+    import asyncio
+
+    from meterhub.billing_hooks import hooks
+    from meterhub.hub.render_k8s import start_manifests
+    from meterhub.spawner.catalog import GPU_TYPES
+
+    monkeypatch.setenv("METERHUB_BILLING_SERVICE_URL", "http://lab-meterhub-billing:8082")
+    path = _site_file(tmp_path)
+    c = _z2jh_then_meterhub(
+        path,
+        meterhub_first=meterhub_first,
+        environment={"TZ": "Asia/Shanghai"},  # an operator's singleuser.extraEnv
+        storage_dynamic=True,  # even with z2jh's own storage left on
+    )
+    api = "http://lab-meterhub-billing:8082/services/billing/api/v1"
+
+    async def check():
+        spawner, profiles = await _effective(c)
+        assert spawner.environment["METERHUB_BILLING_URL"] == api
+        assert spawner.environment["TZ"] == "Asia/Shanghai"  # z2jh's kept, merged
+        assert spawner.get_env()["METERHUB_BILLING_URL"] == api
+        (command,) = [spawner.lifecycle_hooks["postStart"]["exec"]["command"]]
+        assert "/opt/meterhub/notebooks/*.ipynb" in command[2]
+        assert [p["slug"] for p in profiles] == ["debug", *GPU_TYPES]
+        assert set(spawner.volumes) == {"home", "public"}
+        assert spawner.volumes["public"]["persistentVolumeClaim"]["readOnly"] is True
+        assert spawner.pvc_name_template == "claim-{username}"
+        assert spawner.storage_capacity == "20Gi"
+        assert spawner.pre_spawn_hook is hooks.billed_pre_spawn
+        assert spawner.post_stop_hook is hooks.billed_post_stop
+        assert spawner.tolerations  # z2jh's own, not meterhub's, are kept
+        pod, pvc = await start_manifests(spawner, {"profile": "a800", "gpus": "1"})
+        return pod, pvc
+
+    pod, pvc = asyncio.run(check())
+    spec, container = spec_of(pod)
+    assert env_of(container)["METERHUB_BILLING_URL"] == api
+    assert env_of(container)["TZ"] == "Asia/Shanghai"
+    assert container["lifecycle"]["postStart"]["exec"]["command"][0] == "sh"
+    assert set(volumes_of(spec)) == {"home", "public", "shm"}
+    assert pvc["metadata"]["name"] == "claim-alice"
+    for document in (pod, pvc):
+        kubernetes_validate.validate(document, KUBERNETES_VERSIONS[-1], strict=True)
+
+
+def test_an_operators_post_start_hook_runs_after_the_starter_copy(tmp_path):
+    import asyncio
+
+    theirs = {"postStart": {"exec": {"command": ["sh", "-c", "echo hi > /tmp/x"]}}}
+    c = _z2jh_then_meterhub(_site_file(tmp_path), lifecycle_hooks=theirs)
+    spawner, _ = asyncio.run(_effective(c))
+    command = spawner.lifecycle_hooks["postStart"]["exec"]["command"]
+    script = command[2]
+    assert script.startswith("( marker=") and script.endswith("; sh -c 'echo hi > /tmp/x'")
+
+
+def test_the_billing_service_url_comes_from_the_chart_not_a_constant(tmp_path, monkeypatch):
+    from traitlets.config import Config
+
+    from meterhub.hub.k8s import configure
+
+    monkeypatch.setenv("METERHUB_BILLING_SERVICE_URL", "http://lab-b-meterhub-billing:8082/")
+    c = Config()
+    c.JupyterHub.services = [{"name": "billing", "display": False}, {"name": "other"}]
+    configure(c, _site_file(tmp_path))
+    billing, other = c.JupyterHub.services
+    assert billing["url"] == "http://lab-b-meterhub-billing:8082"
+    assert "url" not in other
+    assert c.KubeGPUSpawner.meterhub_environment == {
+        "METERHUB_BILLING_URL": "http://lab-b-meterhub-billing:8082/services/billing/api/v1"
+    }
+
+
+@pytest.mark.parametrize(
+    "key, value, instead",
+    [
+        ("auth", {"type": "github"}, "jupyterhub.hub.config"),
+        ("gpus", [{"type": "a800", "count": 8}], "site.kubernetes.node_products"),
+        ("local", {"sandbox": "off"}, "site.kubernetes"),
+        ("data_dir", "/var/lib/meterhub", "billing.database"),
+    ],
+)
+def test_local_only_keys_are_refused_on_kubernetes(tmp_path, key, value, instead):
+    from traitlets.config import Config
+
+    from meterhub.hub.config import ConfigError
+    from meterhub.hub.k8s import configure
+
+    path = _site_file(tmp_path, {key: value})
+    with pytest.raises(ConfigError) as e:
+        configure(Config(), path)
+    assert f"{key}: only used by the local backend" in str(e.value) and instead in str(e.value)
+
+
+# ------------------------------------------------------------ billing cannot be configured away
+
+
+def _operator_hooks(calls: list):
+    async def their_pre_spawn(spawner):
+        calls.append(("pre", spawner.user.name))
+
+    def their_post_stop(spawner):
+        calls.append(("post", spawner.user.name))
+
+    return their_pre_spawn, their_post_stop
+
+
+def _ledger(path: str):
+    from meterhub.billing_hooks.settings import BillingSettings
+    from meterhub.hub.config import load_site_config
+
+    site = load_site_config(path)
+    return BillingSettings(db_url=site["billing"]["db_url"]).ledger()
+
+
+@pytest.mark.parametrize("section", ["Spawner", "KubeSpawner"])
+def test_an_operators_hooks_on_kubernetes_run_after_billing(tmp_path, section):
+    """An operator's later hub.extraConfig sets c.Spawner (or c.KubeSpawner) hooks: billing
+    still opens and settles the session, and their hooks run too."""
+    import asyncio
+
+    from jupyterhub.utils import maybe_future
+
+    calls: list = []
+    path = _site_file(tmp_path)
+    c = _z2jh_then_meterhub(path)
+    c[section].pre_spawn_hook, c[section].post_stop_hook = _operator_hooks(calls)
+    ledger = _ledger(path)
+
+    async def run():
+        spawner, _ = await _effective(c)
+        spawner.user_options = {"profile": "debug"}
+        await maybe_future(spawner.run_pre_spawn_hook())
+        (session,) = ledger.open_sessions("alice")  # billing opened it, at debug's rate
+        assert calls == [("pre", "alice")] and session.profile == "debug"
+        await maybe_future(spawner.run_post_stop_hook())
+        assert calls == [("pre", "alice"), ("post", "alice")]
+
+    asyncio.run(run())
+    assert not ledger.open_sessions("alice")  # settled
+
+
+def test_an_operators_hook_cannot_make_a_spawn_free(tmp_path):
+    import asyncio
+
+    from tornado import web
+
+    calls: list = []
+    path = _site_file(tmp_path, {"billing": {"db_url": f"sqlite:///{tmp_path}/ledger.sqlite",
+                                             "trial_credit": "0.00"}})  # fmt: skip
+    c = _z2jh_then_meterhub(path)
+    c.Spawner.pre_spawn_hook, c.Spawner.post_stop_hook = _operator_hooks(calls)
+
+    async def run():
+        spawner, _ = await _effective(c)
+        spawner.user_options = {"profile": "a800", "gpus": "1"}
+        await spawner.run_pre_spawn_hook()
+
+    with pytest.raises(web.HTTPError) as e:
+        asyncio.run(run())
+    assert e.value.status_code == 402
+    assert calls == []  # refused before the operator's hook
+    assert not _ledger(path).open_sessions("alice")
+
+
+def test_an_operators_hooks_on_the_local_backend_run_after_billing(tmp_path):
+    """The same for LocalGPUSpawner: c.Spawner hooks set after meterhub's config add to
+    billing's, they do not replace it."""
+    import asyncio
+
+    from jupyterhub.utils import maybe_future
+    from traitlets.config import Config
+
+    from meterhub.hub.config import apply_config, load_site_config
+    from meterhub.hub.render_k8s import _fake_user
+    from meterhub.spawner.local import LocalGPUSpawner
+
+    path = tmp_path / "meterhub.yaml"
+    path.write_text(yaml.safe_dump({"data_dir": str(tmp_path / "data")}))
+    c = apply_config(load_site_config(path), Config())
+    calls: list = []
+    c.Spawner.pre_spawn_hook, c.Spawner.post_stop_hook = _operator_hooks(calls)
+    spawner = LocalGPUSpawner(config=c, user=_fake_user("alice", ()))
+    ledger = _ledger(str(path))
+
+    async def run():
+        spawner.user_options = {"profile": "debug"}
+        await maybe_future(spawner.run_pre_spawn_hook())
+        assert len(ledger.open_sessions("alice")) == 1 and calls == [("pre", "alice")]
+        await maybe_future(spawner.run_post_stop_hook())
+
+    asyncio.run(run())
+    assert calls == [("pre", "alice"), ("post", "alice")]
+    assert not ledger.open_sessions("alice")

@@ -1,3 +1,64 @@
+{{- /*
+    Names. meterhub's objects carry the same prefix as the zero-to-jupyterhub subchart's
+    own ("hub", "proxy-public", ...), so they collide exactly when z2jh's would: with z2jh's
+    default `jupyterhub.fullnameOverride: ""` there is no prefix (one release per
+    namespace); a second release in a namespace sets a distinct `jupyterhub.fullnameOverride`,
+    or null for `<release>-jupyterhub`.
+
+    The "meterhub.jupyterhub.*" helpers follow z2jh's own (jupyterhub/templates/
+    _helpers-names.tpl: "jupyterhub.fullname", "jupyterhub.fullname.dash",
+    "jupyterhub.hub.fullname", "jupyterhub.hub-existing-secret-or-default.fullname"), read
+    from this parent chart: the name is the subchart's, "jupyterhub", where z2jh's would
+    take the calling chart's (helm/helm#9214), and the subchart need not be present to render.
+*/}}
+{{- define "meterhub.jupyterhub.fullname" -}}
+{{- $z2jh := .Values.jupyterhub | default dict -}}
+{{- /* a null override is removed from the values: absent, not "" (sprig's `get` default) */ -}}
+{{- if and (hasKey $z2jh "fullnameOverride") (kindIs "string" $z2jh.fullnameOverride) -}}
+{{- $z2jh.fullnameOverride -}}
+{{- else -}}
+{{- $name := get $z2jh "nameOverride" | default "jupyterhub" -}}
+{{- if contains $name .Release.Name -}}
+{{- .Release.Name -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name $name -}}
+{{- end -}}
+{{- end -}}
+{{- end }}
+
+{{- define "meterhub.jupyterhub.fullname.dash" -}}
+{{- with include "meterhub.jupyterhub.fullname" . -}}{{ . }}-{{- end -}}
+{{- end }}
+
+{{/* z2jh's hub Service and Secret */}}
+{{- define "meterhub.jupyterhub.hub.fullname" -}}
+{{- include "meterhub.jupyterhub.fullname.dash" . }}hub
+{{- end }}
+
+{{/* The Secret holding hub.services.billing.apiToken (z2jh: hub.existingSecret or its own) */}}
+{{- define "meterhub.jupyterhub.hub-secret" -}}
+{{- $hub := dig "hub" dict (.Values.jupyterhub | default dict) -}}
+{{- get $hub "existingSecret" | default (include "meterhub.jupyterhub.hub.fullname" .) -}}
+{{- end }}
+
+{{/* The prefix of every meterhub object: "meterhub" after z2jh's prefix */}}
+{{- define "meterhub.fullname" -}}
+{{- include "meterhub.jupyterhub.fullname.dash" . }}meterhub
+{{- end }}
+
+{{- define "meterhub.billing.fullname" -}}
+{{- include "meterhub.fullname" . }}-billing
+{{- end }}
+
+{{- define "meterhub.site.fullname" -}}
+{{- include "meterhub.fullname" . }}-site
+{{- end }}
+
+{{/* The billing Service as the hub and user pods reach it */}}
+{{- define "meterhub.billing.url" -}}
+{{- printf "http://%s:8082" (include "meterhub.billing.fullname" .) -}}
+{{- end }}
+
 {{/* Labels every meterhub object carries. */}}
 {{- define "meterhub.labels" -}}
 app.kubernetes.io/name: meterhub
@@ -16,15 +77,58 @@ app.kubernetes.io/component: meterhub-billing
 
 {{/* The Secret and key holding the ledger's database URL. */}}
 {{- define "meterhub.database.secret" -}}
-{{- .Values.billing.database.existingSecret | default "meterhub-database" -}}
+{{- .Values.billing.database.existingSecret | default (printf "%s-database" (include "meterhub.fullname" .)) -}}
+{{- end }}
+
+{{/* Site-config keys that only mean something on the local backend, and what to use instead. */}}
+{{- define "meterhub.site.localOnly" -}}
+auth: "the authenticator is z2jh's: set jupyterhub.hub.config (e.g. hub.config.JupyterHub.authenticator_class)"
+gpus: "GPUs come from the nodes (nvidia.com/gpu): map GPU types to node products with site.kubernetes.node_products"
+local: "servers are pods: set site.kubernetes (image, disk_size, storage_class, uid)"
+data_dir: "the ledger is billing.database and the hub's own database is jupyterhub.hub.db"
 {{- end }}
 
 {{/* The site config the hub and the billing service read: the user's, on the kubernetes backend. */}}
 {{- define "meterhub.site" -}}
+{{- range $key, $instead := include "meterhub.site.localOnly" . | fromYaml }}
+{{- if hasKey $.Values.site $key }}
+{{- fail (printf "site.%s: only used by the local backend; %s" $key $instead) }}
+{{- end }}
+{{- end }}
 {{- $site := deepCopy .Values.site -}}
 {{- $_ := set $site "backend" "kubernetes" -}}
 {{- $kube := get $site "kubernetes" | default dict -}}
 {{- $_ := set $kube "public_claim" .Values.public.claimName -}}
 {{- $_ := set $site "kubernetes" $kube -}}
 {{- toYaml $site -}}
+{{- end }}
+
+{{/*
+    What z2jh's values must name, and cannot template (z2jh does not `tpl` them): the site
+    ConfigMap (hub.extraVolumes, hub.extraEnv.METERHUB_BILLING_SERVICE_URL) and the database
+    Secret (hub.extraEnv.METERHUB_DB_URL). A mismatch fails with the value to set.
+*/}}
+{{- define "meterhub.checks" -}}
+{{- $hub := dig "hub" dict (.Values.jupyterhub | default dict) -}}
+{{- $site := include "meterhub.site.fullname" . -}}
+{{- $volumes := list -}}
+{{- range (get $hub "extraVolumes" | default list) }}
+{{- if and (kindIs "map" .) (hasKey . "configMap") }}
+{{- $volumes = append $volumes (dig "configMap" "name" "" .) -}}
+{{- end }}
+{{- end }}
+{{- if not (has $site $volumes) }}
+{{- fail (printf "jupyterhub.hub.extraVolumes: the meterhub-site volume must name the ConfigMap %q (this release's site config)" $site) }}
+{{- end }}
+{{- $billing := dig "extraEnv" "METERHUB_BILLING_SERVICE_URL" "valueFrom" "configMapKeyRef" dict $hub }}
+{{- if ne (get $billing "name" | default "") $site }}
+{{- fail (printf "jupyterhub.hub.extraEnv.METERHUB_BILLING_SERVICE_URL.valueFrom.configMapKeyRef.name must be %q" $site) }}
+{{- end }}
+{{- $hubEnv := dig "extraEnv" "METERHUB_DB_URL" "valueFrom" "secretKeyRef" dict $hub }}
+{{- if ne (get $hubEnv "name" | default "") (include "meterhub.database.secret" .) }}
+{{- fail (printf "jupyterhub.hub.extraEnv.METERHUB_DB_URL.valueFrom.secretKeyRef.name must be %q (the hub writes the ledger too)" (include "meterhub.database.secret" .)) }}
+{{- end }}
+{{- if ne (get $hubEnv "key" | default "") .Values.billing.database.secretKey }}
+{{- fail (printf "jupyterhub.hub.extraEnv.METERHUB_DB_URL.valueFrom.secretKeyRef.key must be %q" .Values.billing.database.secretKey) }}
+{{- end }}
 {{- end }}
