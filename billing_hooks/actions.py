@@ -12,10 +12,19 @@ from decimal import Decimal
 
 from meterhub.spawner.catalog import PASS_PERIODS, InvalidChoice
 
-from .ledger import InsufficientCredit, KeyConflict, Ledger
+from .ledger import (
+    SYSTEM,
+    InsufficientCredit,
+    KeyConflict,
+    Ledger,
+    LedgerError,
+    NoCapacity,
+    Posted,
+)
 from .money import AmountError, format_money, parse_amount, to_micros
 
 MAX_KEY = 120
+MAX_NOTE = 500
 
 
 class ActionError(Exception):
@@ -25,33 +34,105 @@ class ActionError(Exception):
         self.message = message
 
 
-def _key(key: object) -> str:
-    if not isinstance(key, str) or not key or len(key) > MAX_KEY:
-        raise ActionError(400, f"the key must be a string of 1 to {MAX_KEY} characters")
+def check_key(key: object) -> str:
+    """An idempotency key: 1 to 120 printable ASCII characters (checked before anything
+    else is looked at)."""
+    if (
+        not isinstance(key, str)
+        or not 0 < len(key) <= MAX_KEY
+        or not all(33 <= ord(ch) < 127 for ch in key)
+    ):
+        raise ActionError(
+            400, f"the idempotency key must be 1 to {MAX_KEY} printable ASCII characters"
+        )
     return key
 
 
-def grant(ledger: Ledger, user: str, amount, note, key, max_grant: Decimal, source: str):
-    """Add credit to `user`'s wallet; `key` makes a retry harmless. Returns the entry."""
+def _text(value: object, field: str, required: bool = False) -> str:
+    if not isinstance(value, str) or len(value) > MAX_NOTE:
+        raise ActionError(400, f"{field}: must be text of at most {MAX_NOTE} characters")
+    if required and not value.strip():
+        raise ActionError(400, f"{field}: must not be empty")
+    return value
+
+
+def _amount(value: object, field: str, maximum: Decimal, signed: bool = False) -> int:
     try:
-        micros = parse_amount(amount, maximum=max_grant)
+        return parse_amount(value, maximum=maximum, signed=signed, where=field)
     except AmountError as e:
         raise ActionError(400, str(e)) from None
-    if not isinstance(note, str) or len(note) > 500:
-        raise ActionError(400, "the note must be text of at most 500 characters")
+
+
+def grant(
+    ledger: Ledger,
+    user: str,
+    amount,
+    note,
+    key,
+    max_grant: Decimal,
+    source: str,
+    actor: str = SYSTEM,
+) -> Posted:
+    """Add credit to `user`'s wallet; `key` makes a retry harmless. Returns Posted(entry)."""
+    key = check_key(key)
+    micros = _amount(amount, "amount", max_grant)
+    note = _text(note, "note")
     try:
-        return ledger.grant(user, micros, f"grant:{source}:{_key(key)}", note)
+        return ledger.grant(user, micros, f"grant:{source}:{key}", note, actor=actor)
     except KeyConflict:
         raise ActionError(409, "That key was already used for a different grant") from None
 
 
-def pass_offers(catalog) -> list[dict]:
-    """Every pass one can buy: GPU profile × count × period, with its price."""
+def adjust(
+    ledger: Ledger, user: str, amount, reason, key, max_grant: Decimal, source: str, actor: str
+) -> Posted:
+    """A signed correction with its reason ("-1.50" takes credit back). Returns Posted(entry)."""
+    key = check_key(key)
+    micros = _amount(amount, "amount", max_grant, signed=True)
+    reason = _text(reason, "reason", required=True)
+    try:
+        return ledger.adjust(user, micros, f"adjustment:{source}:{key}", reason, actor)
+    except KeyConflict:
+        raise ActionError(409, "That key was already used for a different adjustment") from None
+    except LedgerError as e:
+        raise ActionError(400, str(e)) from None
+
+
+def refund(
+    ledger: Ledger,
+    session_id: int,
+    amount,
+    reason,
+    key,
+    max_grant: Decimal,
+    source: str,
+    actor: str,
+) -> Posted:
+    """Give back (part of) a session's charges, never more than it was charged. `amount`
+    None refunds everything not yet refunded. Returns Posted(entry)."""
+    key = check_key(key)
+    micros = None if amount is None else _amount(amount, "amount", max_grant)
+    reason = _text(reason, "reason", required=True)
+    if ledger.session(session_id) is None:
+        raise ActionError(404, f"No session {session_id}")
+    try:
+        return ledger.refund(session_id, micros, f"refund:{source}:{key}", reason, actor)
+    except KeyConflict:
+        raise ActionError(409, "That key was already used for a different refund") from None
+    except LedgerError as e:
+        raise ActionError(409, str(e)) from None
+
+
+def pass_offers(catalog, capacity: dict[str, int] | None = None) -> list[dict]:
+    """Every pass one can buy: GPU profile × count × period, with its price. With
+    `capacity` (GPUs per type the site has), only passes the site could ever honour."""
     offers = []
     for slug, profile in catalog.profiles().items():
         if profile.is_debug:
             continue
         for gpus in profile.counts:
+            if capacity is not None and gpus > capacity.get(slug, 0):
+                continue
             for period in PASS_PERIODS:
                 offers.append(
                     {
@@ -65,8 +146,23 @@ def pass_offers(catalog) -> list[dict]:
     return offers
 
 
-def buy_pass(ledger: Ledger, catalog, user: str, profile, gpus, period, key, source: str):
-    """Buy a pass from the wallet at the catalog's price. Returns the pass."""
+def buy_pass(
+    ledger: Ledger,
+    catalog,
+    user: str,
+    profile,
+    gpus,
+    period,
+    key,
+    source: str,
+    actor: str = SYSTEM,
+    capacity: dict[str, int] | None = None,
+) -> Posted:
+    """Buy a pass from the wallet at the catalog's price. Returns Posted(pass).
+
+    `capacity` (GPUs per type, on the local backend): the pass must fit beside every other
+    valid pass; None sells without a reservation check."""
+    key = check_key(key)
     try:
         choice = catalog.parse({"profile": profile, "gpus": gpus})
         price = catalog.pass_price(choice.profile.slug, choice.gpus, period)
@@ -80,11 +176,15 @@ def buy_pass(ledger: Ledger, catalog, user: str, profile, gpus, period, key, sou
             period,
             to_micros(price),
             PASS_PERIODS[period][0],
-            f"pass:{source}:{_key(key)}",
+            f"pass:{source}:{key}",
             choice.label,
+            actor=actor,
+            capacity=None if capacity is None else capacity.get(choice.profile.slug, 0),
         )
     except InsufficientCredit as e:
         raise ActionError(402, str(e)) from None
+    except NoCapacity as e:
+        raise ActionError(409, str(e)) from None
     except KeyConflict:
         raise ActionError(409, "That key was already used for a different purchase") from None
 

@@ -1,23 +1,33 @@
 """The billing REST API under /services/billing/api/v1/, authenticated through the hub.
 
-Users read their own wallet, usage and notifications (OAuth cookie or a token with
-`access:services!service=billing`); admins (the `admin:users` scope) read anyone's and grant
-credit. Bad JSON, bad amounts and other users' data get a 4xx with a message, never a 500.
+`openapi.yaml` beside this file is the contract: its request schemas are what bodies are
+validated against, and `ROUTES` below is the one table of paths, handlers and who may call
+each method — the authorization tests are generated from it.
+
+What a request may do is decided from the scopes JupyterHub reports for its token
+(billing_hooks/scopes.py), never from who owns the token. Every `/users/{name}` route
+answers 404 for a user the hub does not have. Bad bodies get a 4xx that names the field,
+bodies over 64 KiB a 413, unknown methods a 405 with `Allow`; nothing is written then.
 """
 
 from __future__ import annotations
 
 import asyncio
+import copy
 import json
 import uuid
 from datetime import UTC, datetime
 from decimal import Decimal
+from functools import cache
+from pathlib import Path
 
-from jupyterhub.services.auth import HubOAuthCallbackHandler, HubOAuthenticated
+import jsonschema
+import yaml
+from jupyterhub.services.auth import HubOAuthCallbackHandler, HubOAuthenticated, UserNotAllowed
 from jupyterhub.utils import url_path_join
 from tornado import web
 
-from meterhub.spawner.catalog import GPU_COUNTS, GPU_TYPES, PASS_PERIODS
+from meterhub.spawner.catalog import PASS_PERIODS
 
 from . import actions
 from .ledger import Ledger
@@ -29,10 +39,31 @@ from .money import (
     parse_amount,
     seconds_covered,
 )
-from .orm import MeteredSession
+from .orm import Entry, MeteredSession
+from .scopes import is_billing_admin, may_spend
 from .settings import priced_catalog
 
 MAX_PAGE = 500
+MAX_BODY = 64 * 1024
+MAX_PRICE = Decimal("1000000")
+#: JSON integers longer than this are refused before Python converts them
+MAX_INT_DIGITS = 18
+MAX_NAME = 255
+
+#: who may call a method (ROUTES' rules)
+PUBLIC = "public"  # no token
+ANY = "any"  # any token that reaches the billing service
+OWN = "own"  # the token's owner, or a billing admin
+OWNER = "owner"  # the token's owner only (not even an admin)
+SPEND = "spend"  # the owner with custom:meterhub:spend, or a billing admin
+ADMIN = "admin"  # a billing admin: custom:meterhub:admin or admin:users
+
+OPENAPI_PATH = Path(__file__).with_name("openapi.yaml")
+
+
+@cache
+def _document() -> dict:
+    return yaml.safe_load(OPENAPI_PATH.read_text())
 
 
 def _money(micros: int) -> str:
@@ -43,7 +74,7 @@ def _time(epoch: int | None) -> str | None:
     return None if epoch is None else datetime.fromtimestamp(epoch, UTC).isoformat()
 
 
-def wallet_json(ledger: Ledger, user: str) -> dict | None:
+def wallet_json(ledger: Ledger, user: str, warn_minutes: list[int] = ()) -> dict | None:
     """A user's wallet as the API, the pages and JupyterLab show it (blocking)."""
     balance = ledger.balance(user)
     if balance is None:
@@ -64,6 +95,8 @@ def wallet_json(ledger: Ledger, user: str) -> dict | None:
         "minutes_left": None if seconds is None else seconds // 60,
         "summary": summary,
         "running": [_session_json(s, cost) for s, cost in running],
+        # the site's billing.warn_minutes: JupyterLab colours its status by them
+        "warn_minutes": sorted(warn_minutes, reverse=True),
     }
 
 
@@ -88,7 +121,53 @@ def usage_json(ledger: Ledger, user: str, limit: int) -> list[dict]:
     return [_session_json(session, cost) for session, cost in pairs]
 
 
+def _entry_json(entry: Entry) -> dict:
+    return {
+        "id": entry.id,
+        "kind": entry.kind,
+        "amount": _money(entry.amount_micros),
+        "balance": _money(entry.balance_after_micros),
+        "actor": entry.actor,
+        "note": entry.note,
+        "session": entry.session_id,
+    }
+
+
+def _pass_json(held) -> dict:
+    return {
+        "id": held.id,
+        "profile": held.profile,
+        "gpus": held.gpus,
+        "period": held.period,
+        "price": _money(held.price_micros),
+        "starts": _time(held.starts_at),
+        "ends": _time(held.ends_at),
+    }
+
+
+def _strict_int(text: str) -> int:
+    if len(text.lstrip("-")) > MAX_INT_DIGITS:
+        raise ValueError(f"a number of more than {MAX_INT_DIGITS} digits")
+    return int(text)
+
+
+def _no_constant(name: str):
+    raise ValueError(f"{name} is not JSON")
+
+
+@web.stream_request_body
 class BillingHandler(HubOAuthenticated, web.RequestHandler):
+    """Authentication, limits, parsing and refusals every billing route shares.
+
+    `access` maps each method to a rule (PUBLIC, ANY, OWN, OWNER, SPEND, ADMIN); a method
+    not in it is a 405. A `/users/{name}` route names the user as its first argument.
+    """
+
+    access: dict[str, str] = {}
+    path: str = ""  # the route in openapi.yaml, for the request schema
+
+    # ------------------------------------------------------------------ settings
+
     @property
     def ledger(self) -> Ledger:
         return self.settings["ledger"]
@@ -97,11 +176,15 @@ class BillingHandler(HubOAuthenticated, web.RequestHandler):
     def max_grant(self) -> Decimal:
         return self.settings["max_grant"]
 
+    # ------------------------------------------------------------------ refusals
+
     def write_error(self, status_code, **kwargs):
         message = self._reason
         exc = kwargs.get("exc_info", (None, None, None))[1]
         if isinstance(exc, web.HTTPError) and exc.log_message:
             message = exc.log_message % exc.args if exc.args else exc.log_message
+        if status_code == 405:
+            self.set_header("Allow", ", ".join(sorted(self.access)))
         self.set_header("Content-Type", "application/json")
         self.finish(json.dumps({"status": status_code, "message": message}))
 
@@ -110,73 +193,199 @@ class BillingHandler(HubOAuthenticated, web.RequestHandler):
         self.set_header("Content-Type", "application/json")
         self.finish(json.dumps(data))
 
-    def is_admin(self) -> bool:
-        model = self.current_user or {}
-        return "admin:users" in set(model.get("scopes", [])) or bool(model.get("admin"))
+    # ------------------------------------------------------------------ request
 
-    def check_user(self, name: str) -> None:
-        model = self.current_user or {}
-        if model.get("kind", "user") == "user" and model.get("name") == name:
+    async def prepare(self):
+        """Before the body is read: the method, the size, the token, the rule."""
+        method = self.request.method
+        if method not in self.access:
+            raise web.HTTPError(405, "%s is not allowed here", method)
+        self._chunks: list[bytes] = []
+        self._size = 0
+        # a body over MAX_BODY is read and dropped, then refused (413) by body(): answering
+        # before it is read would break the connection the proxy is still writing to
+        rule = self.access[method]
+        if rule == PUBLIC:
             return
-        if not self.is_admin():
+        # the hub is asked off the event loop's critical path (async), and once
+        try:
+            model = await self.hub_auth.get_user(self, sync=False)
+            self._hub_auth_user_cache = self.check_hub_user(model) if model else None
+        except UserNotAllowed:
+            self._hub_auth_user_cache = None
+        if self.current_user is None:
+            raise web.HTTPError(
+                403, "A JupyterHub token that may reach the billing service is needed"
+            )
+
+    def data_received(self, chunk: bytes) -> None:
+        self._size += len(chunk)
+        if self._size <= MAX_BODY:
+            self._chunks.append(chunk)
+
+    @property
+    def scopes(self) -> set[str]:
+        return set((self.current_user or {}).get("scopes", ()))
+
+    @property
+    def actor(self) -> str:
+        """Who wrote an entry: a user's name, or `service:<name>`."""
+        model = self.current_user or {}
+        kind = model.get("kind", "user")
+        return model["name"] if kind == "user" else f"{kind}:{model['name']}"
+
+    def owns(self, name: str) -> bool:
+        model = self.current_user or {}
+        return model.get("kind", "user") == "user" and model.get("name") == name
+
+    async def authorize(self, name: str | None = None) -> None:
+        """Apply the method's rule to `name` (the `/users/{name}` in the path), then
+        refuse users the hub does not have."""
+        rule = self.access[self.request.method]
+        admin = is_billing_admin(self.scopes)
+        if rule == ADMIN and not admin:
+            raise web.HTTPError(
+                403, "This needs the custom:meterhub:admin (or admin:users) scope on the token"
+            )
+        if rule == OWN and not (admin or self.owns(name)):
             raise web.HTTPError(403, "You can only see your own wallet")
+        if rule == OWNER and not self.owns(name):
+            raise web.HTTPError(403, "Only the owner can do this to their own notifications")
+        if rule == SPEND:
+            if not (admin or self.owns(name)):
+                raise web.HTTPError(403, "You can only spend your own credit")
+            if not may_spend(self.scopes):
+                raise web.HTTPError(
+                    403,
+                    "Spending credit needs the custom:meterhub:spend scope; this token"
+                    " (a server's own token?) may only read",
+                )
+        if name is not None:
+            if len(name) > MAX_NAME or not await self.settings["user_exists"](name):
+                raise web.HTTPError(404, "No such user: %s", name)
+
+    def body(self) -> dict:
+        """The JSON body, validated against the route's schema in openapi.yaml."""
+        if self._size > MAX_BODY:
+            raise web.HTTPError(413, "The body is larger than %d bytes", MAX_BODY)
+        raw = b"".join(self._chunks)
+        try:
+            body = json.loads(
+                raw.decode("utf-8") if raw else "{}",
+                parse_int=_strict_int,
+                parse_constant=_no_constant,
+            )
+        except (ValueError, RecursionError) as e:
+            raise web.HTTPError(400, "Malformed JSON: %s", str(e)[:200]) from None
+        if not isinstance(body, dict):
+            raise web.HTTPError(400, "Expected a JSON object")
+        schema = request_schema(self.path, self.request.method.lower())
+        error = jsonschema.exceptions.best_match(
+            jsonschema.Draft7Validator(schema).iter_errors(body)
+        )
+        if error is not None:
+            field = ".".join(str(p) for p in error.absolute_path) or "body"
+            raise web.HTTPError(400, "%s: %s", field, error.message[:300])
+        return body
+
+    def idempotency_key(self, body: dict) -> tuple[str, bool]:
+        """(key, given): the `Idempotency-Key` header (or the body's `key`), checked before
+        anything else is looked at; a fresh one when none is given."""
+        header = self.request.headers.get("Idempotency-Key")
+        key = body.get("key")
+        if header is not None and key is not None and header != key:
+            raise web.HTTPError(400, "Idempotency-Key and the body's key differ")
+        key = header if header is not None else key
+        if key is None:
+            return str(uuid.uuid4()), False
+        try:
+            return actions.check_key(key), True
+        except actions.ActionError as e:
+            raise web.HTTPError(e.status, "%s", e.message) from None
+
+    async def act(self, function, *args, **kwargs):
+        """Run an action off the event loop; its refusal becomes the HTTP answer."""
+        try:
+            return await asyncio.to_thread(function, *args, **kwargs)
+        except actions.ActionError as e:
+            raise web.HTTPError(e.status, "%s", e.message) from None
+
+    def send_posted(self, posted, as_json) -> None:
+        """201 for a new write, 200 for a replay of the same request (the same entry)."""
+        self.send(as_json(posted.value), status=200 if posted.replayed else 201)
 
     async def catalog(self):
         """The catalog at today's prices (the site's, with admins' changes applied)."""
         return await asyncio.to_thread(priced_catalog, self.settings["config"], self.ledger)
 
-    def json_body(self) -> dict:
-        try:
-            body = json.loads(self.request.body or b"{}")
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise web.HTTPError(400, "Malformed JSON: %s", str(e)) from None
-        if not isinstance(body, dict):
-            raise web.HTTPError(400, "Expected a JSON object")
-        return body
+
+# ---------------------------------------------------------------------- routes
+
+
+class HealthHandler(BillingHandler):
+    access = {"GET": PUBLIC}
+
+    def get(self):
+        self.send({"ok": True})
+
+
+class OpenAPIHandler(BillingHandler):
+    access = {"GET": PUBLIC}
+
+    async def get(self):
+        self.send(openapi(self.settings["prefix"], await self.catalog()))
 
 
 class MeHandler(BillingHandler):
-    @web.authenticated
+    access = {"GET": ANY}
+
     async def get(self):
-        name = (self.current_user or {}).get("name")
-        if (self.current_user or {}).get("kind", "user") != "user":
+        model = self.current_user
+        if model.get("kind", "user") != "user":
             raise web.HTTPError(400, "Use /users/<name>/wallet with a service token")
-        wallet = await asyncio.to_thread(wallet_json, self.ledger, name)
-        if wallet is None:
-            await asyncio.to_thread(self.ledger.ensure_user, name)
-            wallet = await asyncio.to_thread(wallet_json, self.ledger, name)
-        self.send(wallet)
+        name = model["name"]
+        await asyncio.to_thread(self.ledger.ensure_user, name)
+        self.send(await self._wallet(name))
+
+    async def _wallet(self, name: str) -> dict:
+        warn = self.settings.get("warn_minutes", [])
+        return await asyncio.to_thread(wallet_json, self.ledger, name, warn)
 
 
-class WalletHandler(BillingHandler):
-    @web.authenticated
+class WalletHandler(MeHandler):
+    access = {"GET": OWN}
+
     async def get(self, name):
-        self.check_user(name)
-        wallet = await asyncio.to_thread(wallet_json, self.ledger, name)
+        await self.authorize(name)
+        if self.owns(name):
+            await asyncio.to_thread(self.ledger.ensure_user, name)
+        wallet = await self._wallet(name)
         if wallet is None:
-            raise web.HTTPError(404, "No wallet for %s", name)
+            raise web.HTTPError(404, "%s has no wallet yet (they have not signed in)", name)
         self.send(wallet)
 
 
 class UsageHandler(BillingHandler):
-    @web.authenticated
+    access = {"GET": OWN}
+
     async def get(self, name):
-        self.check_user(name)
-        try:
-            limit = min(int(self.get_argument("limit", "100")), MAX_PAGE)
-        except ValueError:
-            raise web.HTTPError(400, "limit must be a whole number") from None
-        self.send(
-            {"sessions": await asyncio.to_thread(usage_json, self.ledger, name, max(1, limit))}
-        )
+        await self.authorize(name)
+        limit = self.get_argument("limit", "100")
+        if not (limit.isascii() and limit.isdigit() and 1 <= int(limit[:6]) <= MAX_PAGE):
+            raise web.HTTPError(400, "limit: a whole number from 1 to %d", MAX_PAGE)
+        sessions = await asyncio.to_thread(usage_json, self.ledger, name, int(limit))
+        self.send({"sessions": sessions})
 
 
 class NotificationsHandler(BillingHandler):
-    @web.authenticated
+    access = {"GET": OWN}
+
     async def get(self, name):
-        self.check_user(name)
-        unread = self.get_argument("unread", "") in ("1", "true")
-        notes = await asyncio.to_thread(self.ledger.notifications, name, unread)
+        await self.authorize(name)
+        unread = self.get_argument("unread", "false")
+        if unread not in ("true", "false", "1", "0"):
+            raise web.HTTPError(400, "unread: true or false")
+        notes = await asyncio.to_thread(self.ledger.notifications, name, unread in ("true", "1"))
         self.send(
             {
                 "notifications": [
@@ -193,274 +402,255 @@ class NotificationsHandler(BillingHandler):
         )
 
 
-class GrantHandler(BillingHandler):
-    @web.authenticated
+class ReadHandler(BillingHandler):
+    """JupyterLab has shown these notifications: a reload does not show them again."""
+
+    access = {"POST": OWNER}
+    path = "/users/{name}/notifications/read"
+
     async def post(self, name):
-        if not self.is_admin():
-            raise web.HTTPError(403, "Granting credit needs the admin:users scope")
-        body = self.json_body()
-        if not await self.user_exists(name):
-            raise web.HTTPError(404, "No such user: %s", name)
-        try:
-            entry = await asyncio.to_thread(
-                actions.grant,
-                self.ledger,
-                name,
-                body.get("amount"),
-                body.get("note", ""),
-                body.get("key") or str(uuid.uuid4()),
-                self.max_grant,
-                "api",
-            )
-        except actions.ActionError as e:
-            raise web.HTTPError(e.status, "%s", e.message) from None
-        self.send(
-            {
-                "id": entry.id,
-                "amount": _money(entry.amount_micros),
-                "balance": _money(entry.balance_after_micros),
-            },
-            status=201,
+        await self.authorize(name)
+        ids = self.body()["ids"]
+        marked = await asyncio.to_thread(self.ledger.mark_read, name, ids)
+        self.send({"marked": marked})
+
+
+class GrantHandler(BillingHandler):
+    access = {"POST": ADMIN}
+    path = "/users/{name}/grants"
+
+    async def post(self, name):
+        await self.authorize()
+        body = self.body()
+        key, _ = self.idempotency_key(body)
+        await self.authorize(name)
+        posted = await self.act(
+            actions.grant,
+            self.ledger,
+            name,
+            body["amount"],
+            body.get("note", ""),
+            key,
+            self.max_grant,
+            "api",
+            actor=self.actor,
         )
-
-    async def user_exists(self, name: str) -> bool:
-        return await self.settings["user_exists"](name)
+        self.send_posted(posted, _entry_json)
 
 
-def _pass_json(held) -> dict:
-    return {
-        "id": held.id,
-        "profile": held.profile,
-        "gpus": held.gpus,
-        "period": held.period,
-        "price": _money(held.price_micros),
-        "starts": _time(held.starts_at),
-        "ends": _time(held.ends_at),
-    }
+class AdjustmentHandler(BillingHandler):
+    access = {"POST": ADMIN}
+    path = "/users/{name}/adjustments"
+
+    async def post(self, name):
+        await self.authorize()
+        body = self.body()
+        key, _ = self.idempotency_key(body)
+        await self.authorize(name)
+        posted = await self.act(
+            actions.adjust,
+            self.ledger,
+            name,
+            body["amount"],
+            body["reason"],
+            key,
+            self.max_grant,
+            "api",
+            self.actor,
+        )
+        self.send_posted(posted, _entry_json)
+
+
+class RefundHandler(BillingHandler):
+    access = {"POST": ADMIN}
+    path = "/sessions/{session_id}/refunds"
+
+    async def post(self, session_id):
+        await self.authorize()
+        body = self.body()
+        key, _ = self.idempotency_key(body)
+        number = int(session_id) if session_id.isdigit() and len(session_id) < 16 else 0
+        if not number:
+            raise web.HTTPError(404, "No session %s", session_id[:40])
+        posted = await self.act(
+            actions.refund,
+            self.ledger,
+            number,
+            body.get("amount"),
+            body["reason"],
+            key,
+            self.max_grant,
+            "api",
+            self.actor,
+        )
+        self.send_posted(posted, _entry_json)
 
 
 class PassesHandler(BillingHandler):
     """A user's passes and what they can buy; buying takes the price from the catalog."""
 
-    @web.authenticated
+    access = {"GET": OWN, "POST": SPEND}
+    path = "/users/{name}/passes"
+
     async def get(self, name):
-        self.check_user(name)
+        await self.authorize(name)
         held = await asyncio.to_thread(self.ledger.passes, name)
         catalog = await self.catalog()
         offers = [
             {k: offer[k] for k in ("profile", "gpus", "period", "price")}
-            for offer in actions.pass_offers(catalog)
+            for offer in actions.pass_offers(catalog, self.settings["capacity"])
         ]
         self.send({"passes": [_pass_json(p) for p in held], "offers": offers})
 
-    @web.authenticated
     async def post(self, name):
-        self.check_user(name)
-        body = self.json_body()
+        await self.authorize()  # the rule first: a stranger learns nothing from the body
+        body = self.body()
+        key, _ = self.idempotency_key(body)
+        await self.authorize(name)
         catalog = await self.catalog()
-        try:
-            held = await asyncio.to_thread(
-                actions.buy_pass,
-                self.ledger,
-                catalog,
-                name,
-                body.get("profile"),
-                body.get("gpus"),
-                body.get("period"),
-                body.get("key") or str(uuid.uuid4()),
-                "api",
-            )
-        except actions.ActionError as e:
-            raise web.HTTPError(e.status, "%s", e.message) from None
-        self.send(_pass_json(held), status=201)
+        posted = await self.act(
+            actions.buy_pass,
+            self.ledger,
+            catalog,
+            name,
+            body["profile"],
+            str(body["gpus"]),
+            body["period"],
+            key,
+            "api",
+            actor=self.actor,
+            capacity=self.settings["capacity"],
+        )
+        self.send_posted(posted, _pass_json)
+
+    async def authorize(self, name: str | None = None) -> None:
+        if name is None and self.request.method == "POST":
+            # before the body: only whether this token may spend at all
+            if not may_spend(self.scopes):
+                raise web.HTTPError(
+                    403,
+                    "Spending credit needs the custom:meterhub:spend scope; this token"
+                    " (a server's own token?) may only read",
+                )
+            return
+        await super().authorize(name)
+
+
+def _price_json(profile, overrides: dict) -> dict:
+    return {
+        "profile": profile.slug,
+        "price_per_hour": str(profile.price_per_hour),
+        "per": "hour" if profile.is_debug else "GPU-hour",
+        "set_by_admin": profile.slug in overrides,
+    }
 
 
 class PricesHandler(BillingHandler):
-    """Prices per hour (per GPU-hour for GPU profiles); admins change them for new sessions."""
+    """Prices per hour (per GPU-hour for GPU profiles)."""
 
-    @web.authenticated
+    access = {"GET": ANY}
+
     async def get(self):
         catalog = await self.catalog()
         overrides = await asyncio.to_thread(self.ledger.price_overrides)
-        self.send(
-            {
-                "currency": self.ledger.currency,
-                "prices": {
-                    slug: {
-                        "price_per_hour": str(profile.price_per_hour),
-                        "per": "hour" if profile.is_debug else "GPU-hour",
-                        "set_by_admin": slug in overrides,
-                    }
-                    for slug, profile in catalog.profiles().items()
-                },
-            }
-        )
+        prices = {
+            slug: {k: v for k, v in _price_json(profile, overrides).items() if k != "profile"}
+            for slug, profile in catalog.profiles().items()
+        }
+        self.send({"currency": self.ledger.currency, "prices": prices})
 
-    @web.authenticated
-    async def put(self, slug=None):
-        if not self.is_admin():
-            raise web.HTTPError(403, "Setting prices needs the admin:users scope")
+
+class PriceHandler(BillingHandler):
+    """One profile's price; billing admins change it for new sessions."""
+
+    access = {"GET": ANY, "PUT": ADMIN}
+    path = "/prices/{profile}"
+
+    async def _profile(self, slug: str):
         catalog = await self.catalog()
-        if slug not in catalog.profiles():
+        profile = catalog.profiles().get(slug)
+        if profile is None:
             raise web.HTTPError(
-                404, "No such profile: %s; known: %s", slug, ", ".join(catalog.profiles())
+                404, "No such profile: %s; known: %s", slug[:64], ", ".join(catalog.profiles())
             )
-        body = self.json_body()
+        return profile
+
+    async def get(self, slug):
+        profile = await self._profile(slug)
+        overrides = await asyncio.to_thread(self.ledger.price_overrides)
+        self.send(_price_json(profile, overrides))
+
+    async def put(self, slug):
+        await self.authorize()
+        await self._profile(slug)
+        body = self.body()
         try:
-            micros = parse_amount(body.get("price_per_hour"), maximum=Decimal("1000000"))
+            micros = parse_amount(body["price_per_hour"], maximum=MAX_PRICE, where="price_per_hour")
         except AmountError as e:
             raise web.HTTPError(400, "%s", str(e)) from None
         await asyncio.to_thread(self.ledger.set_price, slug, micros)
-        self.send({"profile": slug, "price_per_hour": _money(micros)})
+        catalog = await self.catalog()
+        overrides = await asyncio.to_thread(self.ledger.price_overrides)
+        self.send(_price_json(catalog.profiles()[slug], overrides))
 
 
-class OpenAPIHandler(web.RequestHandler):
-    def get(self):
-        self.set_header("Content-Type", "application/json")
-        self.finish(json.dumps(openapi(self.settings["prefix"])))
+#: (path in openapi.yaml, URL pattern under api/v1/, handler): the one table of routes
+ROUTES: list[tuple[str, str, type[BillingHandler]]] = [
+    ("/health", "health", HealthHandler),
+    ("/openapi.json", "openapi.json", OpenAPIHandler),
+    ("/wallet", "wallet", MeHandler),
+    ("/users/{name}/wallet", r"users/([^/]+)/wallet", WalletHandler),
+    ("/users/{name}/usage", r"users/([^/]+)/usage", UsageHandler),
+    ("/users/{name}/notifications", r"users/([^/]+)/notifications", NotificationsHandler),
+    ("/users/{name}/notifications/read", r"users/([^/]+)/notifications/read", ReadHandler),
+    ("/users/{name}/grants", r"users/([^/]+)/grants", GrantHandler),
+    ("/users/{name}/adjustments", r"users/([^/]+)/adjustments", AdjustmentHandler),
+    ("/users/{name}/passes", r"users/([^/]+)/passes", PassesHandler),
+    ("/prices", "prices", PricesHandler),
+    ("/prices/{profile}", r"prices/([^/]+)", PriceHandler),
+    ("/sessions/{session_id}/refunds", r"sessions/([^/]+)/refunds", RefundHandler),
+]
 
 
-def _json_body(required: list[str], properties: dict) -> dict:
-    """An OpenAPI request body: a JSON object with these properties."""
-    schema = {"type": "object", "required": required, "properties": properties}
-    return {"required": True, "content": {"application/json": {"schema": schema}}}
+def request_schema(path: str, method: str) -> dict:
+    """The JSON schema of a route's body, references resolved, from openapi.yaml."""
+    document = _document()
+    operation = document["paths"][path][method]
+    schema = operation["requestBody"]["content"]["application/json"]["schema"]
+    return _resolve(schema, document)
 
 
-def openapi(prefix: str) -> dict:
-    user = {"name": "name", "in": "path", "required": True, "schema": {"type": "string"}}
-    ok = {"description": "OK"}
-    errors = {
-        str(code): {"description": why}
-        for code, why in (
-            (400, "bad input"),
-            (403, "not yours or not admin"),
-            (404, "no such wallet or user"),
+def _resolve(node, document):
+    if isinstance(node, dict):
+        if "$ref" in node:
+            target = document
+            for part in node["$ref"].lstrip("#/").split("/"):
+                target = target[part]
+            return _resolve(target, document)
+        return {k: _resolve(v, document) for k, v in node.items() if not k.startswith("x-")}
+    if isinstance(node, list):
+        return [_resolve(v, document) for v in node]
+    return node
+
+
+def openapi(prefix: str, catalog=None) -> dict:
+    """The document as served: the service's URL, the catalog's profiles filled in."""
+    document = copy.deepcopy(_document())
+    document["servers"] = [{"url": url_path_join(prefix, "api/v1")}]
+    if catalog is not None:
+        gpu_profiles = [s for s, p in catalog.profiles().items() if not p.is_debug]
+        schema = document["paths"]["/users/{name}/passes"]["post"]["requestBody"]
+        schema["content"]["application/json"]["schema"]["properties"]["profile"]["enum"] = (
+            gpu_profiles
         )
-    }
-    return {
-        "openapi": "3.0.3",
-        "info": {"title": "meterhub billing", "version": "1"},
-        "servers": [{"url": url_path_join(prefix, "api/v1")}],
-        "components": {
-            "securitySchemes": {
-                "token": {"type": "apiKey", "in": "header", "name": "Authorization"}
-            }
-        },
-        "security": [{"token": []}],
-        "paths": {
-            "/wallet": {
-                "get": {"summary": "The caller's wallet", "responses": {"200": ok, **errors}}
-            },
-            "/users/{name}/wallet": {
-                "get": {
-                    "summary": "A user's wallet (own, or admin)",
-                    "parameters": [user],
-                    "responses": {"200": ok, **errors},
-                }
-            },
-            "/users/{name}/usage": {
-                "get": {
-                    "summary": "A user's sessions, newest first",
-                    "parameters": [
-                        user,
-                        {
-                            "name": "limit",
-                            "in": "query",
-                            "schema": {"type": "integer", "maximum": MAX_PAGE},
-                        },
-                    ],
-                    "responses": {"200": ok, **errors},
-                }
-            },
-            "/users/{name}/notifications": {
-                "get": {
-                    "summary": "Credit warnings and stops",
-                    "parameters": [
-                        user,
-                        {"name": "unread", "in": "query", "schema": {"type": "boolean"}},
-                    ],
-                    "responses": {"200": ok, **errors},
-                }
-            },
-            "/users/{name}/passes": {
-                "get": {
-                    "summary": "A user's passes and the passes on offer",
-                    "parameters": [user],
-                    "responses": {"200": ok, **errors},
-                },
-                "post": {
-                    "summary": "Buy a pass from the wallet (own, or admin)",
-                    "parameters": [user],
-                    "requestBody": _json_body(
-                        ["profile", "gpus", "period"],
-                        {
-                            "profile": {"type": "string", "enum": list(GPU_TYPES)},
-                            "gpus": {"type": "string", "enum": [str(n) for n in GPU_COUNTS]},
-                            "period": {"type": "string", "enum": list(PASS_PERIODS)},
-                            "key": {"type": "string", "maxLength": 120},
-                        },
-                    ),
-                    "responses": {
-                        "201": {"description": "bought"},
-                        "402": {"description": "not enough credit"},
-                        "409": {"description": "key reused"},
-                        **errors,
-                    },
-                },
-            },
-            "/prices": {"get": {"summary": "Prices per hour by profile", "responses": {"200": ok}}},
-            "/prices/{profile}": {
-                "put": {
-                    "summary": "Set a profile's price for new sessions (admin:users)",
-                    "parameters": [
-                        {
-                            "name": "profile",
-                            "in": "path",
-                            "required": True,
-                            "schema": {"type": "string"},
-                        }
-                    ],
-                    "requestBody": _json_body(
-                        ["price_per_hour"],
-                        {"price_per_hour": {"type": "string", "example": "4.80"}},
-                    ),
-                    "responses": {"200": ok, **errors},
-                }
-            },
-            "/users/{name}/grants": {
-                "post": {
-                    "summary": "Grant credit (admin:users)",
-                    "parameters": [user],
-                    "requestBody": _json_body(
-                        ["amount"],
-                        {
-                            "amount": {"type": "string", "example": "12.50"},
-                            "note": {"type": "string"},
-                            "key": {"type": "string", "maxLength": 120},
-                        },
-                    ),
-                    "responses": {
-                        "201": {"description": "granted"},
-                        "409": {"description": "key reused with another amount"},
-                        **errors,
-                    },
-                }
-            },
-        },
-    }
+    schema = document["paths"]["/users/{name}/passes"]["post"]["requestBody"]
+    periods = schema["content"]["application/json"]["schema"]["properties"]["period"]
+    periods["enum"] = list(PASS_PERIODS)
+    return document
 
 
 def make_handlers(prefix: str) -> list:
     api = url_path_join(prefix, "api/v1")
-    return [
-        (url_path_join(prefix, "oauth_callback"), HubOAuthCallbackHandler),
-        (url_path_join(api, "openapi.json"), OpenAPIHandler),
-        (url_path_join(api, "wallet"), MeHandler),
-        (url_path_join(api, r"users/([^/]+)/wallet"), WalletHandler),
-        (url_path_join(api, r"users/([^/]+)/usage"), UsageHandler),
-        (url_path_join(api, r"users/([^/]+)/notifications"), NotificationsHandler),
-        (url_path_join(api, r"users/([^/]+)/grants"), GrantHandler),
-        (url_path_join(api, r"users/([^/]+)/passes"), PassesHandler),
-        (url_path_join(api, "prices"), PricesHandler),
-        (url_path_join(api, r"prices/([^/]+)"), PricesHandler),
+    return [(url_path_join(prefix, "oauth_callback"), HubOAuthCallbackHandler)] + [
+        (url_path_join(api, pattern), handler) for _path, pattern, handler in ROUTES
     ]

@@ -8,15 +8,13 @@ a session's windows is floor(rate * seconds / 3600) however the windows were cut
 
 from __future__ import annotations
 
-from decimal import ROUND_HALF_UP, Decimal, InvalidOperation
+from decimal import ROUND_HALF_UP, Decimal
+
+from meterhub.spawner.amounts import AmountError, parse_decimal
 
 MICROS = 1_000_000
 SECONDS_PER_HOUR = 3600
 CURRENCY_SYMBOLS = {"CNY": "¥", "USD": "$", "EUR": "€"}
-
-
-class AmountError(ValueError):
-    """An amount that cannot be used; the message says why."""
 
 
 def to_micros(amount: Decimal | int | str) -> int:
@@ -29,30 +27,11 @@ def to_micros(amount: Decimal | int | str) -> int:
 
 
 def parse_amount(
-    text: object, minor_unit: Decimal = Decimal("0.01"), maximum: Decimal | None = None
+    text: object, maximum: Decimal | None = None, signed: bool = False, where: str = "amount"
 ) -> int:
-    """A user-supplied positive amount ("12.50") in micros, with a clear error otherwise."""
-    if isinstance(text, bool) or not isinstance(text, (str, int, Decimal)):
-        raise AmountError(f"amount must be a number like 12.50, got {text!r}")
-    try:
-        value = Decimal(str(text).strip())
-    except InvalidOperation:
-        raise AmountError(f"amount must be a number like 12.50, got {text!r}") from None
-    if not value.is_finite():
-        raise AmountError(f"amount must be finite, got {text!r}")
-    if value <= 0:
-        raise AmountError(f"amount must be positive, got {text!r}")
-    if maximum is not None and value >= maximum:
-        raise AmountError(f"amount must be below {maximum}, got {text!r}")
-    try:
-        exact = value == value.quantize(minor_unit)
-    except InvalidOperation:
-        exact = False
-    if not exact:
-        raise AmountError(
-            f"amount has more decimals than the currency allows ({minor_unit}): {text!r}"
-        )
-    return to_micros(value)
+    """A person's amount ("12.50", or "-1.50" where `signed`) in micros; AmountError names
+    `where` and says what is wrong. The one parser (meterhub.spawner.amounts) everywhere."""
+    return to_micros(parse_decimal(text, where=where, signed=signed, maximum=maximum))
 
 
 def from_micros(micros: int) -> Decimal:

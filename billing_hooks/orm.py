@@ -50,6 +50,11 @@ class Entry(Base):
     window_start: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     window_end: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     note: Mapped[str] = mapped_column(Text, default="")
+    #: who wrote it: "user:NAME", "service:NAME", "cli:OSUSER", "meter", "hub", "system"
+    actor: Mapped[str] = mapped_column(String(255), default="")
+    #: for client-keyed requests: a digest of what was asked, so a replay can be told from
+    #: a key reused for something else
+    request_digest: Mapped[str | None] = mapped_column(String(64), nullable=True)
     created_at: Mapped[int] = mapped_column(BigInteger)
 
 
@@ -105,6 +110,22 @@ class Notification(Base):
     message: Mapped[str] = mapped_column(Text)
     created_at: Mapped[int] = mapped_column(BigInteger)
     read_at: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+
+
+class Reconciliation(Base):
+    """Something the meter corrected against the hub's view: a session closed because its
+    server had vanished, or a server stopped because it ran without a session."""
+
+    __tablename__ = "reconciliations"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    #: "vanished" or "unbilled"
+    kind: Mapped[str] = mapped_column(String(16))
+    user_name: Mapped[str] = mapped_column(String(255))
+    server_name: Mapped[str] = mapped_column(String(255), default="")
+    session_id: Mapped[int | None] = mapped_column(ForeignKey("sessions.id"), nullable=True)
+    detail: Mapped[str] = mapped_column(Text, default="")
+    created_at: Mapped[int] = mapped_column(BigInteger)
 
 
 class Price(Base):

@@ -8,7 +8,6 @@ notification and grant API (billing_hooks/api.py) and a health check.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import os
 import signal
@@ -17,27 +16,30 @@ from urllib.parse import urlparse
 
 from tornado import web
 
-from .api import make_handlers
+from .api import MAX_BODY, make_handlers
 from .meter import HubClient, Meter
-from .settings import BillingSettings
+from .settings import BillingSettings, pass_capacity
 
 log = logging.getLogger("meterhub.billing")
 
 
-class HealthHandler(web.RequestHandler):
-    def get(self):
-        self.set_header("Content-Type", "application/json")
-        self.finish(json.dumps({"ok": True}))
-
-
-def make_app(prefix: str, ledger, max_grant: Decimal, hub: HubClient, config) -> web.Application:
+def make_app(
+    prefix: str,
+    ledger,
+    max_grant: Decimal,
+    hub: HubClient,
+    config,
+    warn_minutes: list[int] = (),
+) -> web.Application:
     return web.Application(
-        [(rf"{prefix}api/v1/health", HealthHandler), *make_handlers(prefix)],
+        make_handlers(prefix),
         ledger=ledger,
         max_grant=max_grant,
         user_exists=hub.user_exists,
         prefix=prefix,
         config=config,
+        capacity=pass_capacity(config),
+        warn_minutes=list(warn_minutes),
         cookie_secret=os.urandom(32),  # OAuth state only; users sign in again after a restart
     )
 
@@ -56,9 +58,9 @@ async def run(settings: BillingSettings, config) -> None:
     )
     service_url = urlparse(os.environ.get("JUPYTERHUB_SERVICE_URL", "http://127.0.0.1:8082"))
     prefix = os.environ.get("JUPYTERHUB_SERVICE_PREFIX", "/services/billing/")
-    make_app(prefix, ledger, Decimal(settings.max_grant), hub, config).listen(
-        service_url.port, service_url.hostname
-    )
+    app = make_app(prefix, ledger, Decimal(settings.max_grant), hub, config, settings.warn_minutes)
+    # bodies stream into the handlers, which refuse more than api.MAX_BODY with a 413
+    app.listen(service_url.port, service_url.hostname, max_body_size=16 * MAX_BODY)
     log.info(
         "Billing service at %s, metering every %ss", service_url.geturl(), meter.interval_seconds
     )

@@ -77,3 +77,18 @@ def priced_catalog(config, ledger: Ledger):
             **{p: str(from_micros(m)) for p, m in overrides.items()},
         }
     return catalog
+
+
+def pass_capacity(config) -> dict[str, int] | None:
+    """GPUs per type a pass may reserve: the local backend's inventory (declared in the
+    site config, or found by NVML). None elsewhere: passes are then sold without a check."""
+    from meterhub.spawner.inventory import declared_inventory, detect_inventory
+
+    if "LocalGPUSpawner" not in str(config.JupyterHub.get("spawner_class", "")):
+        return None
+    declared = config.LocalGPUSpawner.get("gpus")
+    gpus = declared_inventory(declared) if declared is not None else detect_inventory()
+    capacity: dict[str, int] = {}
+    for gpu in gpus:
+        capacity[gpu.type] = capacity.get(gpu.type, 0) + 1
+    return capacity

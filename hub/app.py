@@ -17,8 +17,9 @@ from sqlalchemy.exc import DBAPIError
 from traitlets.config import Config
 
 from meterhub.billing_hooks.hooks import register_trial_credit
+from meterhub.billing_hooks.scopes import BILLING_SERVICE, billing_admin_role, user_role
 from meterhub.billing_hooks.settings import BillingSettings
-from meterhub.spawner.local import LocalGPUSpawner
+from meterhub.spawner.local import LocalGPUSpawner, announce_resource_limits, stop_orphans
 from meterhub.spawner.sandbox import bwrap_works
 
 from .accounts import AccountError, add_user
@@ -26,7 +27,6 @@ from .config import ConfigError, apply_config, demo_pool_dir, template_vars
 from .demo_pool import ensure_demo_pool
 
 ADMIN_SERVICE = "meterhub-admin"
-BILLING_SERVICE = "billing"
 
 
 class MeterHub(JupyterHub):
@@ -44,18 +44,23 @@ class MeterHub(JupyterHub):
         result = await super().init_spawners()
         if issubclass(self.spawner_class, LocalGPUSpawner):
             await self.reconcile_gpus()
+            local = LocalGPUSpawner(config=self.config)  # config only, no user
+            await announce_resource_limits(local.resource_limits, self.log)
         return result
 
     async def reconcile_gpus(self):
-        """Release GPUs held by servers that are no longer running (e.g. the hub DB lost them)."""
+        """Stop servers the hub does not know as running (a spawn a crash interrupted: its
+        process runs, its state was never saved), then release the GPUs of every server that
+        is not running. GPUs of a process that cannot be stopped stay allocated."""
         active = {
             spawner.owner_key
             for user in self.users.values()
             for spawner in user.spawners.values()
             if isinstance(spawner, LocalGPUSpawner) and spawner.active
         }
-        allocator = LocalGPUSpawner(config=self.config).allocator  # config only, no user
-        released = await asyncio.to_thread(allocator.reconcile, active)
+        local = LocalGPUSpawner(config=self.config)  # config only, no user
+        survivors = await stop_orphans(local.data_dir, active, self.log)
+        released = await asyncio.to_thread(local.allocator.reconcile, active | survivors)
         for owner, indices in released.items():
             self.log.warning("Released GPUs %s held by %s, which is not running", indices, owner)
 
@@ -119,9 +124,9 @@ def billing_service(site: dict, config_path: str | None) -> tuple[list[dict], li
         "scopes": ["list:users", "read:users", "read:servers", "delete:servers"],
         "services": [BILLING_SERVICE],
     }
-    # users reach the billing API (their own wallet) with their own tokens and cookies
-    user = {"name": "user", "scopes": ["self", f"access:services!service={BILLING_SERVICE}"]}
-    return [service], [role, user]
+    # users reach the billing API (their own wallet) with their own tokens and cookies, and
+    # may spend their own credit; hub admins (admin:users) are billing admins already
+    return [service], [role, user_role(), billing_admin_role()]
 
 
 def runtime_config(
@@ -146,9 +151,9 @@ def runtime_config(
     token = environ.get("METERHUB_ADMIN_TOKEN")
     if token:
         services.append({"name": ADMIN_SERVICE, "api_token": token})
-        roles.append(
-            {"name": "admin", "users": list(site["admin_users"]), "services": [ADMIN_SERVICE]}
-        )
+        # no "users" here: JupyterHub then keeps the admins in its database (those made by
+        # `meterhub user add --admin` or the admin page) and adds Authenticator.admin_users
+        roles.append({"name": "admin", "services": [ADMIN_SERVICE]})
     c.JupyterHub.services = services
     c.JupyterHub.load_roles = roles
     warning = sandbox_warning(site)
@@ -161,11 +166,60 @@ def runtime_config(
     }
 
 
+def servers_traverse_data_dir(site: dict) -> str:
+    """Why servers must traverse the data directory to reach their disks, or "": only when
+    they run without the sandbox as uids of their own (the hub is root)."""
+    if site["backend"] != "local" or os.geteuid() != 0:
+        return ""
+    mode = site["local"]["sandbox"]
+    why = "sandbox is off" if mode == "off" else "" if mode == "bwrap" else bwrap_works()
+    return f"servers run without the sandbox ({why}) as uids of their own" if why else ""
+
+
+def database_files(site: dict) -> list[str]:
+    """The SQLite files under the hub's care: JupyterHub's, the GPU allocations, the ledger."""
+    data_dir = site["data_dir"]
+    files = [os.path.join(data_dir, "jupyterhub.sqlite")]
+    if site["backend"] == "local":
+        files.append(os.path.join(data_dir, "gpu-allocations.sqlite"))
+    url = site["billing"]["db_url"]
+    if url.startswith("sqlite:///"):
+        files.append(url[len("sqlite:///") :].split("?")[0])
+    return files
+
+
+def protect_databases(files: list[str]) -> None:
+    """Make the databases readable by the hub's user only. SQLite creates the -wal and -shm
+    files with the main file's mode, so a missing main file is created (empty: SQLite takes
+    it for a new database) with mode 0600 before anything opens it."""
+    for path in files:
+        try:
+            os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+        except FileExistsError:
+            pass
+        except FileNotFoundError:
+            continue  # its folder does not exist yet: whatever makes it makes the database
+        for name in (path, path + "-wal", path + "-shm", path + "-journal"):
+            if os.path.exists(name):
+                os.chmod(name, 0o600)
+
+
 def prepare(site: dict) -> None:
-    """Create the data directory and, for the embedded default, the demo pool."""
+    """Create the data directory (private, with private databases) and, for the embedded
+    default, the demo pool."""
     if "public_dir" in site and not os.path.isdir(site["public_dir"]):
         raise ConfigError(f"public_dir: {site['public_dir']} is not a directory")
-    os.makedirs(site["data_dir"], mode=0o711, exist_ok=True)
+    data_dir = site["data_dir"]
+    traverse = servers_traverse_data_dir(site)
+    os.makedirs(data_dir, mode=0o700, exist_ok=True)
+    os.chmod(data_dir, 0o711 if traverse else 0o700)
+    if traverse:
+        print(
+            f"meterhub: {data_dir} is mode 0711 (traversable, not listable), not 0700:"
+            f" {traverse} and must pass through it to reach their disks",
+            file=sys.stderr,
+        )
+    protect_databases(database_files(site))
     if "public_dir" not in site and ensure_demo_pool(demo_pool_dir(site)):
         print(f"meterhub: generated the demo pool in {demo_pool_dir(site)}", file=sys.stderr)
 

@@ -1,24 +1,57 @@
-"""`meterhub credit|usage|billing …`: the operator's view of the ledger, through the same code as the API."""
+"""`meterhub credit|usage|billing …`: the operator's view of the ledger, through the same code as the API.
+
+Every command that moves credit takes an idempotency `--key`; without one it makes one and
+prints it first, so an operator whose command died half-way can run it again with that key
+and be sure it happens once. Entries it writes name their actor `cli:<os user>`.
+"""
 
 from __future__ import annotations
 
+import getpass
+import os
 import sys
 import uuid
 from decimal import Decimal
 
-from sqlalchemy import create_engine, select, text
+from sqlalchemy import create_engine, text
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 from traitlets.config import Config
 
 from meterhub.billing_hooks import actions
 from meterhub.billing_hooks.money import format_duration, format_money
-from meterhub.billing_hooks.orm import Entry, Wallet
 from meterhub.billing_hooks.settings import BillingSettings
 
 from .config import ConfigError, apply_config, load_site_config
 
+#: the most digits a session id may have (ids are 64-bit integers)
+MAX_SESSION_DIGITS = 18
+#: the longest OS user name recorded as an actor; longer (or odd) names record the uid
+MAX_ACTOR_NAME = 64
+
 
 class CliError(Exception):
-    """A readable one-line refusal; nothing was written."""
+    """A readable one-line refusal; nothing was written. Exit status 2."""
+
+    exit_code = 2
+
+
+class DatabaseUnreadable(CliError):
+    """A database that did not answer: the same exit status as the ledger's (3)."""
+
+    exit_code = 3
+
+
+def cli_actor() -> str:
+    """`cli:<os user>`, recorded on every entry the CLI writes; `cli:uid=N` when the OS
+    has no usable name for us (a container's bare uid)."""
+    try:
+        name = getpass.getuser()
+    except (OSError, KeyError, ImportError):
+        name = ""
+    if not 0 < len(name) <= MAX_ACTOR_NAME or not all(33 <= ord(ch) < 127 for ch in name):
+        name = f"uid={os.getuid()}"
+    return f"cli:{name}"
 
 
 def _load(args) -> tuple[Config, BillingSettings]:
@@ -27,40 +60,144 @@ def _load(args) -> tuple[Config, BillingSettings]:
     return c, BillingSettings(config=c)
 
 
-def _require_user(c: Config, name: str) -> None:
-    engine = create_engine(c.JupyterHub.db_url)
+def _shown_url(url: str) -> str:
+    """A database URL fit for a message: never its password."""
     try:
-        with engine.connect() as conn:
-            found = conn.execute(text("SELECT 1 FROM users WHERE name = :n"), {"n": name}).first()
-    except Exception:
-        found = None
-    finally:
-        engine.dispose()
+        return make_url(url).render_as_string(hide_password=True)
+    except SQLAlchemyError:
+        return url.split("@")[-1] if "@" in url else url
+
+
+def _require_user(c: Config, name: str) -> None:
+    """Refuse a user the hub does not know. A hub database that cannot be read is said to
+    be that, never "unknown user"."""
+    url = c.JupyterHub.db_url
+    if url.startswith("sqlite:///"):
+        path = url[len("sqlite:///") :]
+        if not os.path.lexists(path):  # connecting would create an empty database
+            raise CliError(
+                f"unknown user {name!r}: create the account first (no hub database at {path} yet)"
+            )
+    try:
+        engine = create_engine(url)
+        try:
+            with engine.connect() as conn:
+                found = conn.execute(
+                    text("SELECT 1 FROM users WHERE name = :n"), {"n": name}
+                ).first()
+        finally:
+            engine.dispose()
+    except (SQLAlchemyError, OSError, ImportError) as e:
+        reason = e.orig if isinstance(e, DBAPIError) else e
+        raise DatabaseUnreadable(
+            f"cannot read the hub database ({_shown_url(url)}): {reason}"
+        ) from None
     if not found:
         raise CliError(f"unknown user {name!r}: create the account first")
+
+
+def _key(args) -> str:
+    """The operator's --key, or a new one printed first: the handle for a safe retry."""
+    if args.key is not None:
+        return args.key
+    key = str(uuid.uuid4())
+    print(f"key: {key}", flush=True)
+    return key
+
+
+def _money(micros: int, settings: BillingSettings) -> str:
+    return format_money(micros, settings.currency, symbol=False)
+
+
+def _post(action, *arguments) -> actions.Posted:
+    try:
+        return action(*arguments)
+    except actions.ActionError as e:
+        raise CliError(e.message) from None
+
+
+def _replayed(posted: actions.Posted, key: str) -> bool:
+    if posted.replayed:
+        print(f"already done (key {key}): entry {posted.value.id}")
+    return posted.replayed
 
 
 def credit_grant(args) -> int:
     c, settings = _load(args)
     _require_user(c, args.user)
     ledger = settings.ledger()
-    try:
-        entry = actions.grant(
-            ledger,
-            args.user,
-            args.amount,
-            args.note or "",
-            str(uuid.uuid4()),
-            Decimal(settings.max_grant),
-            "cli",
-        )
-    except actions.ActionError as e:
-        raise CliError(e.message) from None
-    print(
-        f"granted {format_money(entry.amount_micros, settings.currency, symbol=False)} to"
-        f" {args.user}; balance"
-        f" {format_money(entry.balance_after_micros, settings.currency, symbol=False)}"
+    key = _key(args)
+    posted = _post(
+        actions.grant,
+        ledger,
+        args.user,
+        args.amount,
+        args.note or "",
+        key,
+        Decimal(settings.max_grant),
+        "cli",
+        cli_actor(),
     )
+    if not _replayed(posted, key):
+        entry = posted.value
+        print(
+            f"granted {_money(entry.amount_micros, settings)} to {args.user}; balance"
+            f" {_money(entry.balance_after_micros, settings)} (entry {entry.id})"
+        )
+    return 0
+
+
+def credit_adjust(args) -> int:
+    c, settings = _load(args)
+    _require_user(c, args.user)
+    ledger = settings.ledger()
+    key = _key(args)
+    posted = _post(
+        actions.adjust,
+        ledger,
+        args.user,
+        args.amount,
+        args.reason,
+        key,
+        Decimal(settings.max_grant),
+        "cli",
+        cli_actor(),
+    )
+    if not _replayed(posted, key):
+        entry = posted.value
+        print(
+            f"adjusted {args.user} by {_money(entry.amount_micros, settings)}; balance"
+            f" {_money(entry.balance_after_micros, settings)} (entry {entry.id})"
+        )
+    return 0
+
+
+def billing_refund(args) -> int:
+    raw = args.session_id
+    if not (raw.isascii() and raw.isdigit() and 0 < len(raw) <= MAX_SESSION_DIGITS):
+        raise CliError(f"session id must be a whole number, e.g. 42 (got {raw!r})")
+    session_id = int(raw)
+    _c, settings = _load(args)
+    ledger = settings.ledger()
+    key = _key(args)
+    posted = _post(
+        actions.refund,
+        ledger,
+        session_id,
+        args.amount,
+        args.reason,
+        key,
+        Decimal(settings.max_grant),
+        "cli",
+        cli_actor(),
+    )
+    if not _replayed(posted, key):
+        entry = posted.value
+        user = ledger.session(session_id).user_name
+        print(
+            f"refunded {_money(entry.amount_micros, settings)} of session {session_id} to"
+            f" {user}; balance {_money(entry.balance_after_micros, settings)} (entry {entry.id})"
+        )
     return 0
 
 
@@ -69,19 +206,12 @@ def credit_show(args) -> int:
     _require_user(c, args.user)
     ledger = settings.ledger()
     ledger.ensure_user(args.user)
-    with ledger.begin() as db:
-        wallet = db.scalars(
-            select(Wallet).where(Wallet.owner_kind == "user", Wallet.owner_name == args.user)
-        ).one()
-        entries = db.scalars(
-            select(Entry).where(Entry.wallet_id == wallet.id).order_by(Entry.id)
-        ).all()
-        for entry in entries:
-            print(
-                f"{entry.id:>6}  {entry.kind:<10} {format_money(entry.amount_micros, wallet.currency, symbol=False):>14}"
-                f"  {entry.note}"
-            )
-        print(f"{format_money(wallet.balance_micros, wallet.currency, symbol=False)}")
+    for entry in ledger.wallet_entries(args.user):
+        amount = format_money(entry.amount_micros, ledger.currency, symbol=False)
+        print(
+            f"{entry.id:>6}  {entry.kind:<10} {amount:>14}  {entry.actor or '-':<16}  {entry.note}"
+        )
+    print(format_money(ledger.balance(args.user), ledger.currency, symbol=False))
     return 0
 
 
@@ -127,16 +257,35 @@ def service(args) -> int:
     return 0
 
 
+KEY_HELP = (
+    "idempotency key, 1 to 120 printable ASCII characters: the same key again is a no-op;"
+    " without one a new key is made and printed first"
+)
+
+
 def add_commands(commands) -> None:
-    credit = commands.add_parser("credit", help="grant or show a user's credit").add_subparsers(
-        dest="action", required=True
-    )
+    credit = commands.add_parser(
+        "credit", help="grant, correct or show a user's credit"
+    ).add_subparsers(dest="action", required=True)
     grant = credit.add_parser("grant", help="add credit to a user's wallet")
     grant.add_argument("user")
     grant.add_argument("amount", help="e.g. 12.50 (positive, at most two decimals)")
     grant.add_argument("--note", default="")
+    grant.add_argument("--key", help=KEY_HELP)
     grant.set_defaults(func=credit_grant)
-    show = credit.add_parser("show", help="a user's ledger entries; the last line is the balance")
+    adjust = credit.add_parser(
+        "adjust",
+        help="correct a user's balance by a signed amount, with the reason",
+        description="A negative AMOUNT (e.g. -1.50) takes credit back.",
+    )
+    adjust.add_argument("user")
+    adjust.add_argument("amount", help="e.g. 2.00 or -1.50 (at most two decimals, not zero)")
+    adjust.add_argument("--reason", required=True, help="why (kept on the entry)")
+    adjust.add_argument("--key", help=KEY_HELP)
+    adjust.set_defaults(func=credit_adjust)
+    show = credit.add_parser(
+        "show", help="a user's ledger entries with their actor; the last line is the balance"
+    )
     show.add_argument("user")
     show.set_defaults(func=credit_show)
     use = commands.add_parser("usage", help="a user's sessions with profile, duration and cost")
@@ -146,6 +295,18 @@ def add_commands(commands) -> None:
     billing = commands.add_parser("billing", help="ledger maintenance").add_subparsers(
         dest="action", required=True
     )
+    refund = billing.add_parser(
+        "refund",
+        help="give back (part of) what a session was charged, never more",
+        description="Session ids are in `meterhub usage USER`.",
+    )
+    refund.add_argument("session_id", metavar="SESSION_ID")
+    refund.add_argument(
+        "--amount", help="e.g. 1.20; default: everything the session was charged and not refunded"
+    )
+    refund.add_argument("--reason", required=True, help="why (kept on the entry)")
+    refund.add_argument("--key", help=KEY_HELP)
+    refund.set_defaults(func=billing_refund)
     billing.add_parser(
         "audit", help="check every ledger invariant; non-zero exit on a violation"
     ).set_defaults(func=audit)
@@ -155,8 +316,8 @@ def add_commands(commands) -> None:
     billing.add_parser("service", help="run the billing service (the hub starts it)").set_defaults(
         func=service
     )
-    for parser in (grant, show, use, *billing.choices.values()):
+    for parser in (grant, adjust, show, use, *billing.choices.values()):
         parser.add_argument("--config", help="site config (YAML); default: the embedded default")
 
 
-__all__ = ["CliError", "ConfigError", "add_commands"]
+__all__ = ["CliError", "ConfigError", "DatabaseUnreadable", "add_commands", "cli_actor"]

@@ -110,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
         return args.func(args)
     except (ConfigError, CliError, SchemaMismatch) as e:
         print(f"meterhub: {e}", file=sys.stderr)
-        return 2
+        return getattr(e, "exit_code", 2)
     except DBAPIError as e:
         print(f"meterhub: the billing database did not answer: {e.orig}", file=sys.stderr)
         return 3

@@ -16,9 +16,11 @@ import yaml
 from traitlets.config import Config
 
 from meterhub.billing_hooks import hooks
+from meterhub.billing_hooks.scopes import BILLING_ACCESS, CUSTOM_SCOPES
 from meterhub.spawner.catalog import parse_price
 
 from . import spawn_form
+from .accounts import USERNAME_PATTERN
 
 HERE = Path(__file__).parent
 SCHEMA: dict = yaml.safe_load((HERE / "site-schema.yaml").read_text())
@@ -177,9 +179,23 @@ OAUTH_CLASSES = {
 }
 
 
+#: the hub's cookies (login, session, `_xsrf`): not sent on cross-site POSTs, sub-requests
+#: or frames. No `secure` here: it would override JupyterHub, which adds Secure itself when
+#: the request or `public_url` is https, and break sign-in on a plain-http hub.
+COOKIE_OPTIONS = {"samesite": "Lax"}
+
+
 def apply_auth(site: dict, c: Config) -> Config:
     """The authenticator: local accounts (NativeAuthenticator) or an OAuth provider."""
     auth = site["auth"]
+    # one user-name rule for every way in: sign-up, login page, OAuth, admin API
+    c.Authenticator.username_pattern = USERNAME_PATTERN
+    tornado_settings = dict(c.JupyterHub.get("tornado_settings", {}))
+    tornado_settings["cookie_options"] = {
+        **tornado_settings.get("cookie_options", {}),
+        **COOKIE_OPTIONS,
+    }
+    c.JupyterHub.tornado_settings = tornado_settings
     if auth["type"] == "native":
         import nativeauthenticator
 
@@ -240,7 +256,9 @@ def template_vars(site: dict, sandbox_warning: str = "") -> dict:
     }
 
 
-#: the billing API as user pods reach it (the chart's Service)
+#: the billing API as user pods reach it when nothing says otherwise (`meterhub render-k8s`);
+#: the Helm chart passes its release's own Service as $METERHUB_BILLING_SERVICE_URL
+#: (hub.k8s.configure)
 KUBE_BILLING_API = "http://meterhub-billing:8082/services/billing/api/v1"
 
 #: the Wallet and billing admin pages (hub handlers; tornado imports them by name)
@@ -259,12 +277,14 @@ def apply_spawner_config(site: dict, c: Config) -> Config:
     # JupyterHub 3.1 deprecated extra_handlers in favour of services, but these pages must
     # be hub pages: JupyterHub's templates and navigation bar, its sign-in and XSRF checks
     c.JupyterHub.extra_handlers = list(PAGE_HANDLERS)
+    # billing decides from a token's scopes (meterhub.billing_hooks.scopes)
+    c.JupyterHub.custom_scopes = dict(CUSTOM_SCOPES)
     # the in-notebook credit status (extensions/server.py) asks the billing API with the
     # server's own token: it may reach the billing service, and nothing else of billing
     c.Spawner.server_token_scopes = [
         "users:activity!user",
         "access:servers!server",
-        "access:services!service=billing",
+        BILLING_ACCESS,
     ]
     if site["backend"] == "kubernetes":
         c.JupyterHub.spawner_class = "meterhub.spawner.kube.KubeGPUSpawner"
@@ -274,7 +294,6 @@ def apply_spawner_config(site: dict, c: Config) -> Config:
         c.JupyterHub.spawner_class = "meterhub.spawner.local.LocalGPUSpawner"
         billing_api = f"http://127.0.0.1:{site['hub']['billing_port']}/services/billing/api/v1"
         c.Spawner.environment = {"METERHUB_BILLING_URL": billing_api}
-        c.Spawner.args = ["--ServerApp.jpserver_extensions=meterhub.extensions.server=True"]
     data_dir = site["data_dir"]
     c.LocalGPUSpawner.data_dir = data_dir
     c.LocalGPUSpawner.pool_dir = site.get("public_dir") or demo_pool_dir(site)
@@ -296,6 +315,8 @@ def apply_spawner_config(site: dict, c: Config) -> Config:
     c.LocalGPUSpawner.gpu_reservations = hooks.gpu_reservations
     c.Spawner.pre_spawn_hook = hooks.authorize_spawn
     c.Spawner.post_stop_hook = hooks.settle_stop
+    # an operator's c.Spawner hooks run after billing's, never instead
+    hooks.install_billing_hooks(c.LocalGPUSpawner)
 
     c.Catalog.pass_prices = {
         slug: {period: str(price) for period, price in profile["passes"].items()}
@@ -317,6 +338,11 @@ def apply_spawner_config(site: dict, c: Config) -> Config:
         for slug, profile in site["profiles"].items()
         if profile.get("allowed_groups_by_count")
     }
+    debug = site["profiles"].get("debug", {})
+    if "cpu" in debug:
+        c.Catalog.debug_cpu = debug["cpu"]
+    if "memory_gib" in debug:
+        c.Catalog.debug_memory_gib = debug["memory_gib"]
     return c
 
 
@@ -337,4 +363,9 @@ def apply_kubernetes(site: dict, c: Config) -> Config:
     k.node_products = {slug: list(values) for slug, values in kube.get("node_products", {}).items()}
     k.debug_node_selector = dict(kube.get("debug_node_selector", {}))
     k.uid = kube["uid"]
+    # on KubeGPUSpawner's own section, which wins over z2jh's c.KubeSpawner whatever the
+    # order: merged over z2jh's `singleuser.extraEnv`, and billing's hooks composed with an
+    # operator's own (c.Spawner / c.KubeSpawner hooks run after billing's, never instead)
+    k.meterhub_environment = {"METERHUB_BILLING_URL": KUBE_BILLING_API}
+    hooks.install_billing_hooks(k)
     return c

@@ -15,14 +15,13 @@ from datetime import UTC, datetime
 from decimal import Decimal
 
 from jupyterhub.handlers import BaseHandler
-from sqlalchemy import select
 from tornado import web
 
 from meterhub.billing_hooks import actions
 from meterhub.billing_hooks.api import usage_json, wallet_json
 from meterhub.billing_hooks.money import CURRENCY_SYMBOLS, accrued, format_money
-from meterhub.billing_hooks.orm import Entry, MeteredSession, Wallet
-from meterhub.billing_hooks.settings import BillingSettings, priced_catalog
+from meterhub.billing_hooks.scopes import is_billing_admin, may_spend
+from meterhub.billing_hooks.settings import BillingSettings, pass_capacity, priced_catalog
 
 DAY = 86_400
 PLOT_DAYS = 30
@@ -38,30 +37,6 @@ def when(epoch: int | None) -> str:
     if epoch is None:
         return ""
     return datetime.fromtimestamp(epoch, UTC).strftime("%Y-%m-%d %H:%M UTC")
-
-
-def daily_costs(ledger, user: str, now: int, days: int = PLOT_DAYS) -> list[dict]:
-    """Charges of the last `days` days, per UTC day and profile (for the plot)."""
-    first = (now // DAY - days + 1) * DAY
-    totals: dict[tuple[int, str], int] = {}
-    with ledger.begin() as db:
-        rows = db.execute(
-            select(Entry.created_at, Entry.amount_micros, MeteredSession.profile)
-            .join(MeteredSession, MeteredSession.id == Entry.session_id)
-            .where(
-                MeteredSession.user_name == user,
-                Entry.kind == "charge",
-                Entry.created_at >= first,
-            )
-        ).all()
-    for created, amount, profile in rows:
-        key = ((created - first) // DAY, profile)
-        totals[key] = totals.get(key, 0) - amount
-    return [
-        {"day": day, "profile": profile, "micros": micros}
-        for (day, profile), micros in sorted(totals.items())
-        if micros > 0
-    ]
 
 
 def plot_svg(costs: list[dict], now: int, currency: str, days: int = PLOT_DAYS) -> str:
@@ -115,6 +90,13 @@ class MeterhubPage(BaseHandler):
     def money(self, micros: int) -> str:
         return format_money(micros, self.billing.currency)
 
+    @property
+    def capacity(self) -> dict[str, int] | None:
+        """GPUs per type passes may reserve (the local inventory), found once."""
+        if "meterhub_capacity" not in self.settings:
+            self.settings["meterhub_capacity"] = pass_capacity(self.settings["config"])
+        return self.settings["meterhub_capacity"]
+
     #: the page's template, and what it shows (set by each page)
     template = ""
 
@@ -158,11 +140,13 @@ class WalletPage(MeterhubPage):
         user = self.current_user.name
         ledger = await self.billing.ledger_async()
         now = int(time.time())
+        capacity = self.capacity
+        scopes = self.expanded_scopes
 
         def read():
             ledger.ensure_user(user)
             sessions = {s.id: s for s in ledger.open_sessions(user)}
-            wallet = wallet_json(ledger, user)
+            wallet = wallet_json(ledger, user, self.billing.warn_minutes)
             # the running cost to this second: charged so far plus what accrued since
             for running in wallet["running"]:
                 session = sessions.get(running["id"])
@@ -176,9 +160,10 @@ class WalletPage(MeterhubPage):
                 "wallet": wallet,
                 "usage": usage_json(ledger, user, 50),
                 "passes": ledger.passes(user),
-                "offers": actions.pass_offers(catalog),
+                "offers": actions.pass_offers(catalog, capacity),
+                "may_spend": may_spend(scopes),
                 "notifications": ledger.notifications(user)[-10:],
-                "plot": plot_svg(daily_costs(ledger, user, now), now, ledger.currency),
+                "plot": plot_svg(ledger.daily_costs(user, now, PLOT_DAYS), now, ledger.currency),
                 "now": now,
                 "purchase_key": str(uuid.uuid4()),
             }
@@ -193,6 +178,8 @@ class WalletPage(MeterhubPage):
 class WalletPassesPage(WalletPage):
     @web.authenticated
     async def post(self):
+        if not may_spend(self.expanded_scopes):
+            raise web.HTTPError(403, "Buying passes needs the custom:meterhub:spend scope")
         ledger = await self.billing.ledger_async()
         offer = self.get_body_argument("offer", "")
         try:
@@ -201,7 +188,7 @@ class WalletPassesPage(WalletPage):
             await self.show(error="Choose a pass to buy.", status=400)
             return
         catalog = await asyncio.to_thread(priced_catalog, self.settings["config"], ledger)
-        held = await self.act(
+        posted = await self.act(
             actions.buy_pass,
             ledger,
             catalog,
@@ -211,8 +198,11 @@ class WalletPassesPage(WalletPage):
             period,
             self.get_body_argument("key", ""),
             "page",
+            self.current_user.name,
+            self.capacity,
         )
-        if held is not None:
+        if posted is not None:
+            held = posted.value
             label = catalog.choice(held.profile, held.gpus).label
             await self.show(
                 message=f"Bought a {held.period} pass for {label}"
@@ -234,8 +224,9 @@ class BillingAdminPage(MeterhubPage):
     template = "billing_admin.html"
 
     def check_admin(self) -> None:
-        if not self.current_user.admin:
-            raise web.HTTPError(403, "The billing admin view is for hub admins")
+        # from the request's scopes (a hub admin's admin:users, or custom:meterhub:admin)
+        if not is_billing_admin(self.expanded_scopes):
+            raise web.HTTPError(403, "The billing admin view is for billing admins")
 
     async def page_data(self) -> dict:
         ledger = await self.billing.ledger_async()
@@ -243,16 +234,8 @@ class BillingAdminPage(MeterhubPage):
         warning = self.settings.get("template_vars", {}).get("meterhub_sandbox_warning", "")
 
         def read():
-            with ledger.begin() as db:
-                wallets = db.scalars(
-                    select(Wallet).where(Wallet.owner_kind == "user").order_by(Wallet.owner_name)
-                ).all()
-                entries = db.execute(
-                    select(Entry, Wallet.owner_name)
-                    .join(Wallet, Wallet.id == Entry.wallet_id)
-                    .order_by(Entry.id.desc())
-                    .limit(30)
-                ).all()
+            wallets = ledger.user_wallets()
+            entries = ledger.recent_entries(30)
             running = ledger.open_sessions()
             by_user: dict[str, list] = {}
             for session in running:
@@ -285,7 +268,7 @@ class BillingAdminGrant(BillingAdminPage):
             await self.show(error=f"No such user: {name!r}", status=404)
             return
         ledger = await self.billing.ledger_async()
-        entry = await self.act(
+        posted = await self.act(
             actions.grant,
             ledger,
             name,
@@ -294,8 +277,10 @@ class BillingAdminGrant(BillingAdminPage):
             self.get_body_argument("key", ""),
             Decimal(self.billing.max_grant),
             "page",
+            self.current_user.name,
         )
-        if entry is not None:
+        if posted is not None:
+            entry = posted.value
             await self.show(
                 message=f"Granted {self.money(entry.amount_micros)} to {name};"
                 f" balance {self.money(entry.balance_after_micros)}."

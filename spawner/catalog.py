@@ -6,10 +6,12 @@ Every backend, the spawn form and billing read profiles from here; nothing else 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from decimal import ROUND_HALF_UP, Decimal, InvalidOperation
+from decimal import ROUND_HALF_UP, Decimal
 
-from traitlets import Dict, Unicode
+from traitlets import Dict, Int, Unicode
 from traitlets.config import LoggingConfigurable
+
+from .amounts import AmountError, parse_decimal
 
 #: GPU counts a profile may ask for.
 GPU_COUNTS: tuple[int, ...] = (1, 2, 4, 8)
@@ -112,21 +114,11 @@ def gpu_type_for_product(product_name: str) -> GpuType | None:
 
 
 def parse_price(value: object, where: str) -> Decimal:
-    """A price per hour from config: a positive amount with at most two decimals.
-
-    Floats from YAML go through their shortest repr (4.5 -> "4.50"), never binary arithmetic.
-    """
-    if isinstance(value, bool):
-        raise ValueError(f"{where}: expected an amount like 4.50, got {value!r}")
+    """A price per hour from config: a positive amount with at most two decimals."""
     try:
-        price = Decimal(str(value))
-    except InvalidOperation:
-        raise ValueError(f"{where}: expected an amount like 4.50, got {value!r}") from None
-    if not price.is_finite() or price <= 0:
-        raise ValueError(f"{where}: must be a positive amount, got {value!r}")
-    if price != price.quantize(Decimal("0.01")):
-        raise ValueError(f"{where}: at most two decimals, got {value!r}")
-    return price.quantize(Decimal("0.01"))
+        return parse_decimal(value, where=where, allow_numbers=True)
+    except AmountError as e:
+        raise ValueError(str(e)) from None
 
 
 @dataclass(frozen=True)
@@ -137,6 +129,9 @@ class Profile:
     #: per GPU-hour for GPU profiles, per hour for debug
     price_per_hour: Decimal
     counts: tuple[int, ...]
+    #: CPU and memory limits of debug mode (GPU profiles have theirs per GPU, from the type)
+    cpu: int = DEBUG_CPU
+    memory_gib: int = DEBUG_MEMORY_GIB
 
     @property
     def is_debug(self) -> bool:
@@ -159,25 +154,25 @@ class Choice:
     @property
     def cpu(self) -> int:
         if self.profile.is_debug:
-            return DEBUG_CPU
+            return self.profile.cpu
         return self.profile.gpu_type.cpu_per_gpu * self.gpus
 
     @property
     def memory_gib(self) -> int:
         if self.profile.is_debug:
-            return DEBUG_MEMORY_GIB
+            return self.profile.memory_gib
         return self.profile.gpu_type.memory_gib_per_gpu * self.gpus
 
     @property
     def cpu_guarantee(self) -> float:
         if self.profile.is_debug:
-            return DEBUG_CPU_GUARANTEE
+            return min(DEBUG_CPU_GUARANTEE, float(self.profile.cpu))
         return float(self.profile.gpu_type.cpu_guarantee_per_gpu * self.gpus)
 
     @property
     def memory_guarantee_gib(self) -> int:
         if self.profile.is_debug:
-            return DEBUG_MEMORY_GUARANTEE_GIB
+            return min(DEBUG_MEMORY_GUARANTEE_GIB, self.profile.memory_gib)
         return self.profile.gpu_type.memory_guarantee_gib_per_gpu * self.gpus
 
     @property
@@ -239,6 +234,24 @@ class Catalog(LoggingConfigurable):
         """,
     ).tag(config=True)
 
+    debug_cpu = Int(
+        DEBUG_CPU,
+        min=1,
+        help="""
+        CPU cores a debug-mode server may use (its limit; a cgroup quota on the local
+        backend, `cpu_limit` on Kubernetes).
+        """,
+    ).tag(config=True)
+
+    debug_memory_gib = Int(
+        DEBUG_MEMORY_GIB,
+        min=1,
+        help="""
+        Memory limit of a debug-mode server in GiB. A server that goes over it is stopped
+        (the OOM killer on the local backend with cgroups, the kubelet on Kubernetes).
+        """,
+    ).tag(config=True)
+
     def profile_refusal(self, profile: Profile, groups: set[str] | frozenset[str]) -> str:
         """Why a member of `groups` may not use `profile` at all, or "" when allowed."""
         allowed = self.allowed_groups.get(profile.slug)
@@ -296,6 +309,8 @@ class Catalog(LoggingConfigurable):
                 None,
                 parse_price(self.prices.get(DEBUG, DEBUG_PRICE_PER_HOUR), "profiles.debug"),
                 (),
+                cpu=self.debug_cpu,
+                memory_gib=self.debug_memory_gib,
             )
         }
         for slug, gpu_type in GPU_TYPES.items():

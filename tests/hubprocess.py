@@ -17,10 +17,30 @@ ADMIN_TOKEN = "test-admin-token-" + "x" * 16
 MAX_WAIT_SECONDS = 90
 
 
+# Ports the tests' hubs, proxies and databases listen on come from below the kernel's
+# ephemeral range (32768+), where single-user servers and outgoing connections take theirs,
+# and each pytest process has its own slice: a port picked here cannot be taken meanwhile
+# by another worker's server (CI saw "Address already in use" from exactly that race).
+# xdist workers gw0..gw7 take slices 0..7; a pytest without xdist one of 8..9 by its pid.
+_SLICE = 2000
+_worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+_SLICE_INDEX = int(_worker[2:]) % 8 if _worker[2:].isdigit() else 8 + os.getpid() % 2
+_BASE = 12000 + _SLICE_INDEX * _SLICE
+_next_port = _BASE + (os.getpid() % 97) * 16
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    global _next_port
+    for _ in range(_SLICE):
+        port = _next_port
+        _next_port = _BASE + (port + 1 - _BASE) % _SLICE
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("no free port in this process's slice")
 
 
 def until(condition, what: str, timeout: float = MAX_WAIT_SECONDS, interval: float = 0.2):
@@ -102,10 +122,14 @@ class HubProcess:
 
     def kill_leftovers(self) -> None:
         """Kill what this hub left running: servers and sandboxes (they name its data
-        directory) and its proxy (it names the hub's port)."""
+        directory) and its proxy (by the pid file JupyterHub keeps in the data directory: a
+        port alone could be another hub's by now)."""
         marker = self.data_dir.encode()
-        # a hub that fails during start-up leaves its proxy behind; it names our port
-        proxy = f"\0--port\0{self.port}\0".encode()
+        proxy = None
+        try:
+            proxy = int((Path(self.data_dir) / "jupyterhub-proxy.pid").read_text().strip())
+        except (OSError, ValueError):
+            pass
         for pid in os.listdir("/proc"):
             if not pid.isdigit() or int(pid) == os.getpid():
                 continue
@@ -113,7 +137,8 @@ class HubProcess:
                 cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
             except OSError:
                 continue
-            if marker in cmdline or (b"configurable-http-proxy" in cmdline and proxy in cmdline):
+            is_proxy = int(pid) == proxy and b"configurable-http-proxy" in cmdline
+            if marker in cmdline or is_proxy:
                 try:
                     os.kill(int(pid), signal.SIGKILL)
                 except ProcessLookupError:

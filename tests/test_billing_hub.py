@@ -98,10 +98,11 @@ def test_a_server_found_dead_is_charged_until_last_seen_running(billed):
 
 
 BAD_GRANTS = [
-    ("0", "positive"),
-    ("-3", "positive"),
-    ("1.001", "decimals"),
-    ("abc", "number"),
+    ("0", "must be positive"),
+    ("-3", "expected an amount like"),
+    ("1.001", "at most two decimals"),
+    ("abc", "expected an amount like"),
+    ("１２", "ASCII digits"),
     ("100000", "below"),
 ]
 
@@ -259,7 +260,8 @@ def test_the_servers_status_endpoint_matches_the_wallet(billed):
         assert abs(float(status["balance"]) - float(wallet["balance"])) < 0.05
         assert (status["profile"], status["gpus"]) == ("debug", 0)
         assert status["minutes_left"] is not None and status["minutes_left"] <= 17
-        assert [n["message"] for n in status["notifications"]] == ["10 min of credit left"]
+        # the meter may add its own low-credit warning (¥1.00 at ¥3.60/h) beside ours
+        assert "10 min of credit left" in [n["message"] for n in status["notifications"]]
         # the server's token reaches its own billing data, not an admin's
         env = execute_env(billed, "zed")
         assert env["token_scopes"] and "admin:users" not in env["token_scopes"]

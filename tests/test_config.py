@@ -234,3 +234,34 @@ def test_native_sign_in_is_the_default(tmp_path):
     assert (
         c.NativeAuthenticator.open_signup is True and c.NativeAuthenticator.enable_signup is False
     )
+
+
+@pytest.mark.parametrize(
+    "auth", ["{type: native}", "{type: github, oauth: {client_id: abc, allow_all: true}}"]
+)
+def test_every_sign_in_has_one_username_rule_and_samesite_cookies(tmp_path, auth):
+    from meterhub.hub.accounts import NAME, USERNAME_PATTERN
+
+    c = apply_config(load_site_config(write(tmp_path, f"auth: {auth}")), Config())
+    # on c.Authenticator: sign-up, the login page, OAuth and the admin API all check it
+    assert c.Authenticator.username_pattern == USERNAME_PATTERN == NAME.pattern
+    # JupyterHub applies cookie_options to the xsrf cookie too; Secure is left to JupyterHub
+    assert c.JupyterHub.tornado_settings["cookie_options"] == {"samesite": "Lax"}
+    for good in ("stu", "ada.l-b_2", "ada@example.org", "a" * 64):
+        assert NAME.match(good), good
+    for bad in ("x\ttabindex=1\tonfocus=alert(1)", "eve smith", "<b>", '"x', "Eve", "wes\n"):
+        assert not NAME.match(bad), bad
+    assert not NAME.match("a" * 65) and not NAME.match("-a") and not NAME.match("@a")
+
+
+def test_samesite_cookies_keep_other_tornado_settings():
+    from meterhub.hub.config import apply_auth
+
+    c = Config()
+    c.JupyterHub.tornado_settings = {"headers": {"X-Frame-Options": "DENY"}}
+    site = {"auth": {"type": "github", "oauth": {"allow_all": True}}}
+    settings = apply_auth(site, c).JupyterHub.tornado_settings
+    assert settings == {
+        "headers": {"X-Frame-Options": "DENY"},
+        "cookie_options": {"samesite": "Lax"},
+    }

@@ -36,11 +36,15 @@ def test_trial_credit_exactly_once(make_ledger):
 
 def test_grants_are_idempotent_by_key_and_conflicts_are_loud(make_ledger):
     ledger, _ = make_ledger()
-    ledger.grant("bo", 5 * MICROS, key="grant:req-1", note="top-up")
-    ledger.grant("bo", 5 * MICROS, key="grant:req-1", note="retry")
+    first = ledger.grant("bo", 5 * MICROS, key="grant:req-1", note="top-up", actor="ann")
+    again = ledger.grant("bo", 5 * MICROS, key="grant:req-1", note="top-up", actor="ann")
+    assert (first.replayed, again.replayed) == (False, True)
+    assert again.value.id == first.value.id and first.value.actor == "ann"
     assert ledger.balance("bo") == 15 * MICROS
-    with pytest.raises(KeyConflict):
-        ledger.grant("bo", 6 * MICROS, key="grant:req-1")
+    # the same key for another request is refused, whatever differs
+    for amount, note in ((6 * MICROS, "top-up"), (5 * MICROS, "retry")):
+        with pytest.raises(KeyConflict):
+            ledger.grant("bo", amount, key="grant:req-1", note=note)
     assert ledger.balance("bo") == 15 * MICROS
 
 
@@ -193,7 +197,10 @@ def test_passes_cover_their_gpus_and_expire_into_the_hourly_rate(make_ledger):
     with pytest.raises(InsufficientCredit, match="a daily pass for 2 × A800 costs ¥194.40"):
         ledger.buy_pass("pia", "a800", 2, "daily", 2 * price, DAY, key="pass:1", label="2 × A800")
     bought = ledger.buy_pass("pia", "a800", 1, "daily", price, DAY, key="pass:2")
-    assert ledger.buy_pass("pia", "a800", 1, "daily", price, DAY, key="pass:2").id == bought.id
+    assert (
+        ledger.buy_pass("pia", "a800", 1, "daily", price, DAY, key="pass:2").value.id
+        == bought.value.id
+    )
     assert ledger.balance("pia") == to_micros("2.80")
     # ¥2.80 would not cover 10 minutes of two A800s, but the pass pays for one
     auth = ledger.open_session("pia", "", "a800", 1, A800, min_seconds=600)
@@ -214,13 +221,15 @@ def test_passes_cover_their_gpus_and_expire_into_the_hourly_rate(make_ledger):
 
 def test_a_second_pass_starts_when_the_first_ends(make_ledger):
     ledger, clock = make_ledger(trial_credit_micros=to_micros("300.00"))
-    first = ledger.buy_pass("qi", "a800", 1, "daily", to_micros("97.20"), DAY, key="p:1")
+    first = ledger.buy_pass("qi", "a800", 1, "daily", to_micros("97.20"), DAY, key="p:1").value
     clock.advance(3600)
-    second = ledger.buy_pass("qi", "a800", 1, "daily", to_micros("97.20"), DAY, key="p:2")
+    second = ledger.buy_pass("qi", "a800", 1, "daily", to_micros("97.20"), DAY, key="p:2").value
     assert second.starts_at == first.ends_at and second.ends_at == first.ends_at + DAY
     assert [p.id for p in ledger.passes("qi", valid_at=clock.now)] == [first.id]
+    # a retry is the same purchase even if the price changed meanwhile; another pass is not
+    assert ledger.buy_pass("qi", "a800", 1, "daily", to_micros("1.00"), DAY, key="p:1").replayed
     with pytest.raises(KeyConflict):
-        ledger.buy_pass("qi", "a800", 1, "daily", to_micros("1.00"), DAY, key="p:1")
+        ledger.buy_pass("qi", "a800", 2, "daily", to_micros("194.40"), DAY, key="p:1")
 
 
 def test_a_server_a_pass_pays_for_needs_no_credit_beside_a_new_spawn(make_ledger):

@@ -29,7 +29,7 @@ def test_every_python_package_directory_is_listed():
     found = set()
     for folder, package in folders.items():
         for path in (ROOT / folder).rglob("*.py"):
-            if "__pycache__" not in path.parts:
+            if not {"__pycache__", "node_modules"} & set(path.parts):
                 inner = path.parent.relative_to(ROOT / folder).parts
                 found.add(".".join((package, *inner)))
     assert found <= listed, f"add to [tool.setuptools] packages: {sorted(found - listed)}"

@@ -283,10 +283,10 @@ def test_buying_a_pass_on_the_wallet_page(site_hub):
     page = s.get(f"{site_hub.url}/hub/wallet").text
     key = re.search(r'name="key" value="([^"]+)"', page).group(1)
     before = wallet_of(site_hub, "vic")["balance_micros"]
-    # a daily 8 × H800 pass is far beyond the balance: refused with the reason, nothing paid
+    # a daily 2 × A800 pass is far beyond the balance: refused with the reason, nothing paid
     r = s.post(
         f"{site_hub.url}/hub/wallet/passes",
-        data={"offer": "h800:8:daily", "key": key, "_xsrf": s.cookies["_xsrf"]},
+        data={"offer": "a800:2:daily", "key": key, "_xsrf": s.cookies["_xsrf"]},
     )
     assert r.status_code == 402 and "Top up first" in r.text
     assert wallet_of(site_hub, "vic")["balance_micros"] == before
@@ -347,5 +347,6 @@ def test_sign_up_waits_for_an_admin_to_approve(site_hub):
     assert sign_in_as_wes() == 403  # not approved yet
     admin = session_of(site_hub, "admin", admin_password(site_hub))
     assert "wes" in admin.get(f"{site_hub.url}/hub/authorize").text
-    assert admin.get(f"{site_hub.url}/hub/authorize/wes").ok
+    approve = {"action": "approve", "_xsrf": admin.cookies["_xsrf"]}  # a POST from that page
+    assert admin.post(f"{site_hub.url}/hub/authorize/wes", data=approve).ok
     assert sign_in_as_wes() == 302  # signed in, sent on to the spawn page

@@ -1,0 +1,674 @@
+"""Postings: every write that moves credit or changes a session, each in one transaction.
+
+Every movement of credit is an entry with a deterministic key under a UNIQUE constraint,
+written in the same transaction as the wallet's cached balance (and, for a charge, the
+session's metered-through time, advanced only from the value read under the lock). So a
+retry, a duplicate tick, a second meter or a crash between statements can neither lose nor
+double a charge. Every entry names its actor. All methods are blocking: the hub and the
+meter call them off their event loops.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Callable
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import NamedTuple
+
+from sqlalchemy import func, select, text, update
+from sqlalchemy.engine import Engine
+from sqlalchemy.orm import Session, sessionmaker
+
+from .clock import utcnow
+from .money import MICROS, accrued, format_money, window_charge
+from .orm import Entry, MeteredSession, Notification, Pass, Price, Reconciliation, Wallet
+
+#: who wrote an entry when no person or token did
+SYSTEM = "system"
+METER = "meter"
+HUB = "hub"
+
+
+class LedgerError(Exception):
+    """A ledger operation that cannot be done; the message is for people."""
+
+
+class InsufficientCredit(LedgerError):
+    pass
+
+
+class KeyConflict(LedgerError):
+    """The same idempotency key was used for a different movement: refused, nothing written."""
+
+
+class ConcurrentUpdate(LedgerError):
+    """Another writer advanced the same session first; the transaction was rolled back."""
+
+
+class NoCapacity(LedgerError):
+    """A pass that the GPUs cannot honour beside the passes already sold."""
+
+
+@dataclass(frozen=True)
+class Authorization:
+    session_id: int
+    balance_micros: int
+    rate_micros_per_hour: int
+
+
+class Posted(NamedTuple):
+    """What a keyed write did: the entry (or pass), and whether it was a replay of the key."""
+
+    value: object
+    replayed: bool
+
+
+def request_digest(operation: str, **fields) -> str:
+    """What a keyed request asked for: a replay must ask for the same, else it is a 409."""
+    return hashlib.sha256(json.dumps([operation, fields], sort_keys=True).encode()).hexdigest()
+
+
+def _no_fault(point: str) -> None:
+    pass
+
+
+class Postings:
+    def __init__(
+        self,
+        engine: Engine,
+        currency: str = "CNY",
+        trial_credit_micros: int = 10 * MICROS,
+        overdraft_micros: int = 0,
+        clock: Callable[[], int] = utcnow,
+        fault: Callable[[str], None] = _no_fault,
+    ):
+        self.engine = engine
+        self.currency = currency
+        self.trial_credit_micros = trial_credit_micros
+        self.overdraft_micros = overdraft_micros
+        self.clock = clock
+        #: called between the statements of a transaction; tests inject crashes here
+        self.fault = fault
+        self._sessions = sessionmaker(engine, expire_on_commit=False)
+
+    @contextmanager
+    def begin(self):
+        with self._sessions.begin() as db:
+            yield db
+
+    # ------------------------------------------------------------------ wallets
+
+    def _wallet(self, db: Session, user: str, lock: bool = False) -> Wallet | None:
+        query = select(Wallet).where(Wallet.owner_kind == "user", Wallet.owner_name == user)
+        if lock:
+            query = query.with_for_update()
+        return db.scalars(query.execution_options(populate_existing=True)).first()
+
+    def _ensure_wallet(self, db: Session, user: str) -> Wallet:
+        wallet = self._wallet(db, user, lock=True)
+        if wallet is None:
+            wallet = Wallet(
+                owner_kind="user",
+                owner_name=user,
+                currency=self.currency,
+                balance_micros=0,
+                created_at=self.clock(),
+            )
+            db.add(wallet)
+            db.flush()
+            self.fault("wallet-created")
+            if self.trial_credit_micros:
+                self._post(
+                    db,
+                    wallet,
+                    "trial",
+                    self.trial_credit_micros,
+                    f"trial:user:{user}",
+                    SYSTEM,
+                    note="trial credit",
+                )
+        return wallet
+
+    def ensure_user(self, user: str) -> int:
+        """The user's wallet, created with the trial credit exactly once; returns the balance."""
+        with self.begin() as db:
+            return self._ensure_wallet(db, user).balance_micros
+
+    def _replay(self, db: Session, key: str, digest: str) -> Entry | None:
+        """The entry an idempotency key already wrote, if the request was the same; a key
+        reused for another request is refused (409), before anything else is looked at."""
+        existing = db.scalars(select(Entry).where(Entry.key == key)).first()
+        if existing is not None and existing.request_digest != digest:
+            raise KeyConflict("That idempotency key was already used for a different request")
+        return existing
+
+    def _post(
+        self,
+        db: Session,
+        wallet: Wallet,
+        kind: str,
+        amount: int,
+        key: str,
+        actor: str,
+        note: str = "",
+        **fields,
+    ) -> Entry:
+        """Append an entry and move the cached balance, in the caller's transaction."""
+        existing = db.scalars(select(Entry).where(Entry.key == key)).first()
+        if existing is not None:
+            if existing.amount_micros != amount or existing.wallet_id != wallet.id:
+                raise KeyConflict(
+                    f"key {key!r} already moved {existing.amount_micros} on wallet"
+                    f" {existing.wallet_id}; refusing {amount} on wallet {wallet.id}"
+                )
+            return existing
+        db.execute(
+            update(Wallet)
+            .where(Wallet.id == wallet.id)
+            .values(balance_micros=Wallet.balance_micros + amount)
+        )
+        self.fault("balance-updated")
+        balance = db.scalar(select(Wallet.balance_micros).where(Wallet.id == wallet.id))
+        entry = Entry(
+            wallet_id=wallet.id,
+            kind=kind,
+            amount_micros=amount,
+            balance_after_micros=balance,
+            key=key,
+            note=note,
+            actor=actor,
+            created_at=self.clock(),
+            **fields,
+        )
+        db.add(entry)
+        db.flush()
+        self.fault("entry-written")
+        wallet.balance_micros = balance
+        return entry
+
+    def _keyed_post(
+        self,
+        user: str,
+        kind: str,
+        amount: int,
+        key: str,
+        actor: str,
+        digest: str,
+        note: str = "",
+        **fields,
+    ) -> Posted:
+        with self.begin() as db:
+            existing = self._replay(db, key, digest)
+            if existing is not None:
+                return Posted(existing, True)
+            wallet = self._ensure_wallet(db, user)
+            entry = self._post(
+                db, wallet, kind, amount, key, actor, note=note, request_digest=digest, **fields
+            )
+            return Posted(entry, False)
+
+    def grant(
+        self,
+        user: str,
+        amount_micros: int,
+        key: str,
+        note: str = "",
+        actor: str = SYSTEM,
+    ) -> Posted:
+        """Credit from nothing (an admin's grant): positive."""
+        if amount_micros <= 0:
+            raise LedgerError("a grant must be positive")
+        digest = request_digest("grant", user=user, amount=amount_micros, note=note)
+        return self._keyed_post(user, "grant", amount_micros, key, actor, digest, note)
+
+    def adjust(self, user: str, amount_micros: int, key: str, reason: str, actor: str) -> Posted:
+        """A signed correction with its reason: how a mistake in the ledger is fixed."""
+        if amount_micros == 0:
+            raise LedgerError("an adjustment must not be zero")
+        if not reason.strip():
+            raise LedgerError("an adjustment needs a reason")
+        digest = request_digest("adjustment", user=user, amount=amount_micros, reason=reason)
+        return self._keyed_post(user, "adjustment", amount_micros, key, actor, digest, reason)
+
+    def refund(
+        self,
+        session_id: int,
+        amount_micros: int | None,
+        key: str,
+        reason: str,
+        actor: str,
+    ) -> Posted:
+        """Give back (part of) what a session was charged: never more than was charged and
+        not yet refunded. `None` refunds all of that."""
+        if not reason.strip():
+            raise LedgerError("a refund needs a reason")
+        if amount_micros is not None and amount_micros <= 0:
+            raise LedgerError("a refund must be positive")
+        digest = request_digest("refund", session=session_id, amount=amount_micros, reason=reason)
+        with self.begin() as db:
+            existing = self._replay(db, key, digest)
+            if existing is not None:
+                return Posted(existing, True)
+            session = self._lock_session(db, session_id)
+            if session is None:
+                raise LedgerError(f"no session {session_id}")
+            moved = dict(
+                db.execute(
+                    select(Entry.kind, func.sum(Entry.amount_micros))
+                    .where(Entry.session_id == session_id, Entry.kind.in_(("charge", "refund")))
+                    .group_by(Entry.kind)
+                ).all()
+            )
+            refundable = -int(moved.get("charge") or 0) - int(moved.get("refund") or 0)
+            amount = refundable if amount_micros is None else amount_micros
+            if refundable <= 0:
+                raise LedgerError(f"session {session_id} has nothing left to refund")
+            if amount > refundable:
+                raise LedgerError(
+                    f"session {session_id} can be refunded at most"
+                    f" {format_money(refundable, self.currency)}"
+                )
+            wallet = db.get(Wallet, session.wallet_id, populate_existing=True)
+            entry = self._post(
+                db,
+                wallet,
+                "refund",
+                amount,
+                key,
+                actor,
+                note=reason,
+                session_id=session_id,
+                request_digest=digest,
+            )
+            return Posted(entry, False)
+
+    # ------------------------------------------------------------------ sessions
+
+    def open_session(
+        self,
+        user: str,
+        server_name: str,
+        profile: str,
+        gpus: int,
+        rate_micros_per_hour: int,
+        min_seconds: int,
+        label: str = "",
+    ) -> Authorization:
+        """Authorize a spawn and open its session, or refuse with what to do.
+
+        The wallet must cover `min_seconds` at this rate on top of the same minimum for the
+        user's other open sessions, so two concurrent spawns cannot together overspend.
+        """
+        now = self.clock()
+        with self.begin() as db:
+            wallet = self._ensure_wallet(db, user)
+            # a session left open for this server (the hub died mid-spawn) cannot be running
+            for stale in list(db.scalars(_open_sessions_of(user, server_name))):
+                self._close(db, stale, stale.last_seen_running or stale.started_at, HUB)
+            valid = db.scalars(
+                select(Pass).where(
+                    Pass.wallet_id == wallet.id, Pass.starts_at <= now, Pass.ends_at > now
+                )
+            ).all()
+            open_rates = [
+                other.rate_micros_per_hour
+                for other in db.scalars(
+                    select(MeteredSession).where(
+                        MeteredSession.wallet_id == wallet.id, MeteredSession.stopped_at.is_(None)
+                    )
+                )
+                # a server a valid pass pays for needs no credit
+                if not any(p.profile == other.profile and p.gpus >= other.gpus for p in valid)
+            ]
+            covered_now = db.scalars(
+                select(Pass.id).where(
+                    Pass.wallet_id == wallet.id,
+                    Pass.profile == profile,
+                    Pass.gpus >= gpus,
+                    Pass.starts_at <= now,
+                    Pass.ends_at > now + min_seconds,
+                )
+            ).first()
+            new_rate = 0 if covered_now else rate_micros_per_hour
+            needed = sum(accrued(rate, min_seconds) for rate in [*open_rates, new_rate])
+            available = wallet.balance_micros + self.overdraft_micros
+            if available < needed:
+                minutes = min_seconds // 60
+                raise InsufficientCredit(
+                    f"Your balance is {format_money(wallet.balance_micros, self.currency)}; "
+                    f"{label or profile} costs {format_money(rate_micros_per_hour, self.currency)}/h"
+                    f" and needs at least {minutes} minutes of credit"
+                    f" ({format_money(needed, self.currency)}"
+                    + (" with your running servers" if open_rates else "")
+                    + "). Top up, or choose debug mode."
+                )
+            session = MeteredSession(
+                wallet_id=wallet.id,
+                user_name=user,
+                server_name=server_name,
+                profile=profile,
+                gpus=gpus,
+                rate_micros_per_hour=rate_micros_per_hour,
+                started_at=now,
+            )
+            db.add(session)
+            db.flush()
+            return Authorization(session.id, wallet.balance_micros, rate_micros_per_hour)
+
+    def mark_ready(self, session_id: int, at: int | None = None) -> None:
+        """Charging starts here. Idempotent: the first ready time wins."""
+        at = self.clock() if at is None else at
+        with self.begin() as db:
+            db.execute(
+                update(MeteredSession)
+                .where(
+                    MeteredSession.id == session_id,
+                    MeteredSession.ready_at.is_(None),
+                    MeteredSession.stopped_at.is_(None),  # too late: it already stopped
+                )
+                .values(ready_at=at, metered_through=at, last_seen_running=at)
+            )
+
+    def charge(self, session_id: int, until: int, actor: str = METER) -> Entry | None:
+        """Charge [metered_through, until) of a session; None when there is nothing to charge."""
+        with self.begin() as db:
+            session = self._lock_session(db, session_id)
+            if session is None:
+                return None
+            return self._charge(db, session, until, actor)
+
+    def _lock_session(self, db: Session, session_id: int) -> MeteredSession | None:
+        """Lock a session's wallet, then the session: every writer locks in this order."""
+        wallet_id = db.scalar(
+            select(MeteredSession.wallet_id).where(MeteredSession.id == session_id)
+        )
+        if wallet_id is None:
+            return None
+        db.execute(select(Wallet.id).where(Wallet.id == wallet_id).with_for_update())
+        return db.get(MeteredSession, session_id, with_for_update=True, populate_existing=True)
+
+    def _charge(self, db: Session, session: MeteredSession, until: int, actor: str) -> Entry | None:
+        if session.ready_at is None:
+            return None
+        self.fault("session-read")
+        end = until if session.stopped_at is None else min(until, session.stopped_at)
+        start = session.metered_through
+        if end <= start:
+            return None
+        amount = window_amount(
+            session.rate_micros_per_hour,
+            session.ready_at,
+            start,
+            end,
+            covering_passes(db, session),
+        )
+        moved = db.execute(
+            update(MeteredSession)
+            .where(MeteredSession.id == session.id, MeteredSession.metered_through == start)
+            .values(metered_through=end)
+            .execution_options(synchronize_session=False)
+        )
+        if moved.rowcount != 1:
+            raise ConcurrentUpdate(f"session {session.id} was metered by someone else")
+        session.metered_through = end
+        self.fault("metered-through-advanced")
+        wallet = db.get(Wallet, session.wallet_id, populate_existing=True)
+        return self._post(
+            db,
+            wallet,
+            "charge",
+            amount,
+            f"charge:{session.id}:{start}-{end}",
+            actor,
+            session_id=session.id,
+            window_start=start,
+            window_end=end,
+        )
+
+    def close_session(
+        self, session_id: int, at: int | None = None, actor: str = METER
+    ) -> Entry | None:
+        """Stop the clock at `at` and charge the last window, in one transaction.
+
+        A failed spawn that never got ready costs nothing.
+        """
+        at = self.clock() if at is None else at
+        with self.begin() as db:
+            session = self._lock_session(db, session_id)
+            if session is None or session.stopped_at is not None:
+                return None
+            return self._close(db, session, at, actor)
+
+    def close_server(
+        self, user: str, server_name: str, at: int | None = None, actor: str = HUB
+    ) -> list[int]:
+        """Close every open session of one server (the hub's post-stop hook)."""
+        at = self.clock() if at is None else at
+        with self.begin() as db:
+            ids = list(
+                db.scalars(
+                    _open_sessions_of(user, server_name).with_only_columns(MeteredSession.id)
+                )
+            )
+            closed = []
+            for session_id in ids:
+                session = self._lock_session(db, session_id)
+                if session is not None and session.stopped_at is None:
+                    self._close(db, session, at, actor)
+                    closed.append(session_id)
+            return closed
+
+    def _close(self, db: Session, session: MeteredSession, at: int, actor: str) -> Entry | None:
+        if session.ready_at is not None:
+            at = max(at, session.metered_through)
+        session.stopped_at = at
+        db.flush()
+        return self._charge(db, session, at, actor)
+
+    # ------------------------------------------------------------------ passes
+
+    def buy_pass(
+        self,
+        user: str,
+        profile: str,
+        gpus: int,
+        period: str,
+        price_micros: int,
+        duration_seconds: int,
+        key: str,
+        label: str = "",
+        actor: str = SYSTEM,
+        capacity: int | None = None,
+    ) -> Posted:
+        """Buy a pass from the wallet; it starts now, or when the same pass already held ends.
+
+        Refused without funds (the overdraft does not pay for passes), and when `capacity`
+        (the GPUs of this type the site has) cannot hold it beside every other pass valid in
+        the same time. Returns Posted(pass, replayed).
+        """
+        now = self.clock()
+        digest = request_digest("pass", user=user, profile=profile, gpus=gpus, period=period)
+        with self.begin() as db:
+            existing = self._replay(db, key, digest)
+            if existing is not None:
+                return Posted(db.scalars(select(Pass).where(Pass.entry_key == key)).one(), True)
+            if db.get_bind().dialect.name == "postgresql":
+                # one pass sale at a time: the capacity check reads every wallet's passes
+                db.execute(text("SELECT pg_advisory_xact_lock(hashtext('meterhub-passes'))"))
+            wallet = self._ensure_wallet(db, user)
+            latest_end = db.scalar(
+                select(func.max(Pass.ends_at)).where(
+                    Pass.wallet_id == wallet.id,
+                    Pass.profile == profile,
+                    Pass.gpus == gpus,
+                    Pass.ends_at > now,
+                )
+            )
+            starts = latest_end or now
+            ends = starts + duration_seconds
+            if capacity is not None:
+                peak = _peak_reserved(db, profile, starts, ends)
+                if peak + gpus > capacity:
+                    free = max(0, capacity - peak)
+                    raise NoCapacity(
+                        f"A {period} pass for {label or profile} cannot be sold: this site has"
+                        f" {capacity} such GPU(s) and passes already reserve {peak} of them"
+                        f" in that time ({free} left)."
+                    )
+            if wallet.balance_micros < price_micros:
+                raise InsufficientCredit(
+                    f"Your balance is {format_money(wallet.balance_micros, self.currency)};"
+                    f" a {period} pass for {label or profile} costs"
+                    f" {format_money(price_micros, self.currency)}. Top up first."
+                )
+            self._post(
+                db,
+                wallet,
+                "pass",
+                -price_micros,
+                key,
+                actor,
+                note=f"{period} pass {label or profile}",
+                request_digest=digest,
+            )
+            bought = Pass(
+                wallet_id=wallet.id,
+                profile=profile,
+                gpus=gpus,
+                period=period,
+                price_micros=price_micros,
+                starts_at=starts,
+                ends_at=ends,
+                entry_key=key,
+            )
+            db.add(bought)
+            db.flush()
+            return Posted(bought, False)
+
+    # ------------------------------------------------------------------ prices
+
+    def set_price(self, profile: str, micros_per_hour: int) -> None:
+        """An admin's price for new sessions of a profile (running ones keep their rate)."""
+        with self.begin() as db:
+            row = db.get(Price, profile)
+            if row is None:
+                db.add(
+                    Price(profile=profile, micros_per_hour=micros_per_hour, updated_at=self.clock())
+                )
+            else:
+                row.micros_per_hour = micros_per_hour
+                row.updated_at = self.clock()
+
+    # ------------------------------------------------------------------ notifications
+
+    def notify(self, user: str, key: str, kind: str, message: str) -> bool:
+        """Keep a message for the user, once per key; True if it is new."""
+        with self.begin() as db:
+            if db.scalars(select(Notification.id).where(Notification.key == key)).first():
+                return False
+            db.add(
+                Notification(
+                    user_name=user, key=key, kind=kind, message=message, created_at=self.clock()
+                )
+            )
+            return True
+
+    def mark_read(self, user: str, ids: list[int]) -> int:
+        """Mark some of `user`'s own notifications read (others' are left alone)."""
+        if not ids:
+            return 0
+        with self.begin() as db:
+            result = db.execute(
+                update(Notification)
+                .where(
+                    Notification.user_name == user,
+                    Notification.id.in_(ids),
+                    Notification.read_at.is_(None),
+                )
+                .values(read_at=self.clock())
+            )
+            return result.rowcount
+
+    # ------------------------------------------------------------------ reconciliation
+
+    def reconciled(
+        self, kind: str, user: str, server_name: str, session_id: int | None, detail: str
+    ) -> None:
+        """Record what the meter corrected against the hub's view, for the audit."""
+        with self.begin() as db:
+            db.add(
+                Reconciliation(
+                    kind=kind,
+                    user_name=user,
+                    server_name=server_name,
+                    session_id=session_id,
+                    detail=detail,
+                    created_at=self.clock(),
+                )
+            )
+
+
+def uncovered(start: int, end: int, covered: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """The parts of [start, end) outside every covered interval."""
+    pieces = [(start, end)]
+    for cover_start, cover_end in covered:
+        next_pieces = []
+        for a, b in pieces:
+            if cover_end <= a or cover_start >= b:
+                next_pieces.append((a, b))
+                continue
+            if a < cover_start:
+                next_pieces.append((a, cover_start))
+            if cover_end < b:
+                next_pieces.append((cover_end, b))
+        pieces = next_pieces
+    return pieces
+
+
+def window_amount(
+    rate_micros_per_hour: int, ready_at: int, start: int, end: int, covered: list[tuple[int, int]]
+) -> int:
+    """The (negative) charge for [start, end) of a session, passes' time excluded."""
+    return -sum(
+        window_charge(rate_micros_per_hour, ready_at, a, b)
+        for a, b in uncovered(start, end, covered)
+    )
+
+
+def covering_passes(db: Session, session: MeteredSession) -> list[tuple[int, int]]:
+    """Validity intervals of the wallet's passes that cover this session's profile and GPUs."""
+    return [
+        (p.starts_at, p.ends_at)
+        for p in db.scalars(
+            select(Pass).where(
+                Pass.wallet_id == session.wallet_id,
+                Pass.profile == session.profile,
+                Pass.gpus >= session.gpus,
+            )
+        )
+    ]
+
+
+def _peak_reserved(db: Session, profile: str, starts: int, ends: int) -> int:
+    """The most GPUs of a type that passes (of every wallet) reserve at once in [starts, ends)."""
+    overlapping = db.execute(
+        select(Pass.starts_at, Pass.ends_at, Pass.gpus).where(
+            Pass.profile == profile, Pass.starts_at < ends, Pass.ends_at > starts
+        )
+    ).all()
+    # the sum only rises where a pass starts: look there (and at the window's start)
+    moments = {starts, *(s for s, _e, _g in overlapping if starts < s < ends)}
+    return max(
+        (sum(g for s, e, g in overlapping if s <= t < e) for t in moments),
+        default=0,
+    )
+
+
+def _open_sessions_of(user: str, server_name: str):
+    return select(MeteredSession).where(
+        MeteredSession.user_name == user,
+        MeteredSession.server_name == server_name,
+        MeteredSession.stopped_at.is_(None),
+    )

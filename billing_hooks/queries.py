@@ -1,0 +1,172 @@
+"""Read models: what the pages, the CLI and the REST API show of the ledger.
+
+Nothing outside billing_hooks queries the ledger's tables directly; they ask here.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import and_, or_, select
+
+from .orm import Entry, MeteredSession, Notification, Pass, Price, Reconciliation, Wallet
+
+DAY = 86_400
+
+
+class Queries:
+    def balance(self, user: str) -> int | None:
+        with self.begin() as db:
+            wallet = self._wallet(db, user)
+            return None if wallet is None else wallet.balance_micros
+
+    def sessions_with_cost(
+        self,
+        user: str,
+        limit: int | None = None,
+        newest_first: bool = False,
+        open_only: bool = False,
+    ) -> list[tuple[MeteredSession, int]]:
+        """A user's sessions with what each has cost so far (micros, net of refunds), in two
+        queries. A spawn that was refused or failed before it ever ran is not usage."""
+        S = MeteredSession
+        query = select(S).where(S.user_name == user)
+        if open_only:
+            query = query.where(S.stopped_at.is_(None))
+        else:
+            query = query.where(or_(S.ready_at.is_not(None), S.stopped_at.is_(None)))
+        query = query.order_by(S.id.desc() if newest_first else S.id)
+        if limit is not None:
+            query = query.limit(limit)
+        with self.begin() as db:
+            sessions = list(db.scalars(query))
+            costs: dict[int, int] = {}
+            for session_id, amount in db.execute(
+                select(Entry.session_id, Entry.amount_micros).where(
+                    Entry.session_id.in_([s.id for s in sessions])
+                )
+            ):
+                costs[session_id] = costs.get(session_id, 0) - amount
+        return [(session, costs.get(session.id, 0)) for session in sessions]
+
+    def session(self, session_id: int) -> MeteredSession | None:
+        with self.begin() as db:
+            return db.get(MeteredSession, session_id)
+
+    def open_session_rows(self) -> list:
+        """id, user, server, started and last-seen times of every open session (light)."""
+        S = MeteredSession.__table__
+        with self.begin() as db:
+            query = select(
+                S.c.id, S.c.user_name, S.c.server_name, S.c.started_at, S.c.last_seen_running
+            )
+            return (
+                db.connection()
+                .execute(query.where(S.c.stopped_at.is_(None)).order_by(S.c.id))
+                .all()
+            )
+
+    def open_sessions(self, user: str | None = None) -> list[MeteredSession]:
+        query = select(MeteredSession).where(MeteredSession.stopped_at.is_(None))
+        if user is not None:
+            query = query.where(MeteredSession.user_name == user)
+        with self.begin() as db:
+            return list(db.scalars(query.order_by(MeteredSession.id)))
+
+    def reservations(self, at: int | None = None) -> dict[str, dict[str, int]]:
+        """{gpu type: {user: GPUs}} reserved by passes valid at `at`, for the local allocator."""
+        at = self.clock() if at is None else at
+        result: dict[str, dict[str, int]] = {}
+        with self.begin() as db:
+            rows = db.execute(
+                select(Wallet.owner_name, Pass.profile, Pass.gpus)
+                .join(Wallet, Wallet.id == Pass.wallet_id)
+                .where(Wallet.owner_kind == "user", Pass.starts_at <= at, Pass.ends_at > at)
+            )
+            for user, profile, gpus in rows:
+                users = result.setdefault(profile, {})
+                users[user] = users.get(user, 0) + gpus
+        return result
+
+    def passes(self, user: str, valid_at: int | None = None) -> list[Pass]:
+        with self.begin() as db:
+            wallet = self._wallet(db, user)
+            if wallet is None:
+                return []
+            query = select(Pass).where(Pass.wallet_id == wallet.id)
+            if valid_at is not None:
+                query = query.where(Pass.starts_at <= valid_at, Pass.ends_at > valid_at)
+            return list(db.scalars(query.order_by(Pass.id)))
+
+    def price_overrides(self) -> dict[str, int]:
+        with self.begin() as db:
+            return {row.profile: row.micros_per_hour for row in db.scalars(select(Price))}
+
+    def notifications(self, user: str, unread_only: bool = False) -> list[Notification]:
+        query = select(Notification).where(Notification.user_name == user)
+        if unread_only:
+            query = query.where(Notification.read_at.is_(None))
+        with self.begin() as db:
+            return list(db.scalars(query.order_by(Notification.id)))
+
+    def wallet_entries(self, user: str) -> list[Entry]:
+        """A user's ledger entries, oldest first (`meterhub credit show`)."""
+        with self.begin() as db:
+            wallet = self._wallet(db, user)
+            if wallet is None:
+                return []
+            return list(
+                db.scalars(select(Entry).where(Entry.wallet_id == wallet.id).order_by(Entry.id))
+            )
+
+    def user_wallets(self) -> list[Wallet]:
+        """Every user's wallet, by name (the admin view)."""
+        with self.begin() as db:
+            return list(
+                db.scalars(
+                    select(Wallet).where(Wallet.owner_kind == "user").order_by(Wallet.owner_name)
+                )
+            )
+
+    def recent_entries(self, limit: int = 30) -> list[tuple[Entry, str]]:
+        """The latest entries with their wallet's owner, newest first (the admin view)."""
+        with self.begin() as db:
+            return [
+                (entry, owner)
+                for entry, owner in db.execute(
+                    select(Entry, Wallet.owner_name)
+                    .join(Wallet, Wallet.id == Entry.wallet_id)
+                    .order_by(Entry.id.desc())
+                    .limit(limit)
+                ).all()
+            ]
+
+    def daily_costs(self, user: str, now: int, days: int) -> list[dict]:
+        """Net charges of the last `days` days, per UTC day and profile (the Wallet plot)."""
+        first = (now // DAY - days + 1) * DAY
+        totals: dict[tuple[int, str], int] = {}
+        with self.begin() as db:
+            rows = db.execute(
+                select(Entry.created_at, Entry.amount_micros, MeteredSession.profile)
+                .join(MeteredSession, MeteredSession.id == Entry.session_id)
+                .where(
+                    and_(
+                        MeteredSession.user_name == user,
+                        Entry.kind.in_(("charge", "refund")),
+                        Entry.created_at >= first,
+                    )
+                )
+            ).all()
+        for created, amount, profile in rows:
+            key = ((created - first) // DAY, profile)
+            totals[key] = totals.get(key, 0) - amount
+        return [
+            {"day": day, "profile": profile, "micros": micros}
+            for (day, profile), micros in sorted(totals.items())
+            if micros > 0
+        ]
+
+    def reconciliations(self, limit: int = 50) -> list[Reconciliation]:
+        """What the meter corrected against the hub's view, newest first."""
+        with self.begin() as db:
+            return list(
+                db.scalars(select(Reconciliation).order_by(Reconciliation.id.desc()).limit(limit))
+            )

@@ -1,0 +1,267 @@
+"""Who may call what: every billing route × method and every money page × actor, in one table.
+
+The rows are checked against the route tables themselves (billing's `api.ROUTES` and the
+hub's `PAGE_HANDLERS`): a route or method without a row here fails the test, so a new money
+route cannot be born without deciding who may call it.
+
+Actors act on amy's data: `user` is amy's own API token, `other` is ben's, `admin` a hub
+admin's full token, `admin_narrow` the same admin's token scoped only to reach billing,
+`kernel` the token amy's running server holds (what code in a notebook can read),
+`billing` the billing service's own token, `admin_service` the operator's service token
+(METERHUB_ADMIN_TOKEN). On the hub's pages, `user_cookie` and `admin_cookie` are amy and the
+admin signed in with a browser session; tokens do not open pages.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import subprocess
+import uuid
+from pathlib import Path
+
+import pytest
+import requests
+from tornado import web
+
+from meterhub.billing_hooks import api
+from meterhub.hub.config import PAGE_HANDLERS
+
+from .hubprocess import ADMIN_TOKEN
+from .test_pages import METERHUB, PASSWORD, admin_password, session_of
+
+USER, OTHER = "amy", "ben"
+A = ("anonymous", "user", "other", "admin", "admin_narrow", "kernel", "billing", "admin_service")
+
+
+def row(anonymous, user, other, admin, admin_narrow, kernel, billing, admin_service) -> dict:
+    values = (anonymous, user, other, admin, admin_narrow, kernel, billing, admin_service)
+    return dict(zip(A, values, strict=True))
+
+
+PUBLIC = row(200, 200, 200, 200, 200, 200, 200, 200)
+#: amy's data: amy (any of her tokens), billing admins; nobody else
+OWN = row(403, 200, 403, 200, 403, 200, 403, 200)
+
+A_PASS = {"profile": "a800", "gpus": 1, "period": "daily"}
+
+#: (method, path in openapi.yaml) -> (body, expected status per actor)
+API = {
+    ("GET", "/health"): (None, PUBLIC),
+    ("GET", "/openapi.json"): (None, PUBLIC),
+    # the caller's own wallet; a service has none
+    ("GET", "/wallet"): (None, row(403, 200, 200, 200, 200, 200, 403, 400)),
+    ("GET", "/users/{name}/wallet"): (None, OWN),
+    ("GET", "/users/{name}/usage"): (None, OWN),
+    ("GET", "/users/{name}/notifications"): (None, OWN),
+    ("GET", "/users/{name}/passes"): (None, OWN),
+    # the owner only, from any of her tokens (JupyterLab marks with the server's token)
+    ("POST", "/users/{name}/notifications/read"): (
+        {"ids": []},
+        row(403, 200, 403, 403, 403, 200, 403, 403),
+    ),
+    # spending: amy's spend-scoped token or a billing admin; the kernel's token may not.
+    # 402: amy's ¥10 trial credit does not buy a ¥97.20 pass, so nothing is written
+    ("POST", "/users/{name}/passes"): (A_PASS, row(403, 402, 403, 402, 403, 403, 403, 402)),
+    ("POST", "/users/{name}/grants"): (
+        {"amount": "0.01"},
+        row(403, 403, 403, 201, 403, 403, 403, 201),
+    ),
+    ("POST", "/users/{name}/adjustments"): (
+        {"amount": "0.01", "reason": "matrix"},
+        row(403, 403, 403, 201, 403, 403, 403, 201),
+    ),
+    # an admin gets past the gate to the session, which does not exist
+    ("POST", "/sessions/{session_id}/refunds"): (
+        {"reason": "matrix"},
+        row(403, 403, 403, 404, 403, 403, 403, 404),
+    ),
+    ("GET", "/prices"): (None, row(403, 200, 200, 200, 200, 200, 403, 200)),
+    ("GET", "/prices/{profile}"): (None, row(403, 200, 200, 200, 200, 200, 403, 200)),
+    ("PUT", "/prices/{profile}"): (
+        {"price_per_hour": "0.10"},
+        row(403, 403, 403, 200, 403, 403, 403, 200),
+    ),
+}
+
+#: hub pages take a browser session (cookie + XSRF), never a token: a token there is anonymous
+P = ("anonymous", "user_cookie", "admin_cookie", "user", "admin", "kernel")
+
+
+def page_row(anonymous, user_cookie, admin_cookie) -> dict:
+    tokens = {"user": anonymous, "admin": anonymous, "kernel": anonymous}
+    return dict(zip(P[:3], (anonymous, user_cookie, admin_cookie), strict=True)) | tokens
+
+
+OWN_PAGE = page_row(302, 200, 200)
+ADMIN_PAGE = page_row(302, 403, 200)
+
+#: (method, hub page) -> (form, expected status per actor); each acts as its own user
+PAGES = {
+    ("GET", "/wallet"): (None, OWN_PAGE),
+    ("GET", "/wallet/passes"): (None, OWN_PAGE),
+    ("GET", "/wallet/usage.csv"): (None, OWN_PAGE),
+    # 402: nobody here can afford the pass, and nothing is written
+    ("POST", "/wallet/passes"): ({"offer": "a800:1:daily"}, page_row(403, 402, 402)),
+    ("GET", "/billing-admin"): (None, ADMIN_PAGE),
+    ("GET", "/billing-admin/grant"): (None, ADMIN_PAGE),
+    ("POST", "/billing-admin/grant"): (
+        {"user": USER, "amount": "0.01", "note": "matrix"},
+        page_row(403, 403, 200),
+    ),
+}
+
+METHODS = ("get", "post", "put", "patch", "delete")
+
+
+def implemented(handler: type) -> set[str]:
+    """The HTTP methods a tornado handler class implements itself."""
+    return {
+        m.upper()
+        for m in METHODS
+        if getattr(handler, m, None) is not getattr(web.RequestHandler, m)
+    }
+
+
+def test_every_billing_route_and_method_has_a_row():
+    routes = {(method, path) for path, _pattern, handler in api.ROUTES for method in handler.access}
+    for path, _pattern, handler in api.ROUTES:
+        assert implemented(handler) == set(handler.access), (path, "access and methods differ")
+    assert routes == set(API), f"rows missing: {routes - set(API)}; stale rows: {set(API) - routes}"
+
+
+def test_every_money_page_and_method_has_a_row():
+    pages = set()
+    for pattern, dotted in PAGE_HANDLERS:
+        module, name = dotted.rsplit(".", 1)
+        handler = getattr(importlib.import_module(module), name)
+        pages |= {(method, pattern) for method in implemented(handler)}
+    assert pages == set(PAGES), f"rows missing: {pages - set(PAGES)}; stale: {set(PAGES) - pages}"
+
+
+def process_env(match) -> dict:
+    """The environment of the first process whose environment satisfies `match`."""
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            raw = Path(f"/proc/{pid}/environ").read_bytes()
+        except OSError:
+            continue
+        env = dict(kv.split("=", 1) for kv in raw.decode(errors="replace").split("\0") if "=" in kv)
+        if match(env):
+            return env
+    raise AssertionError("no such process")
+
+
+@pytest.fixture(scope="module")
+def matrix_hub(hub_factory):
+    hub = hub_factory(
+        {"gpus": [{"type": "a800", "count": 1}], "billing": {"trial_credit": "10.00"}},
+        name="matrix",
+    )
+    for name in (USER, OTHER):
+        add = [METERHUB, "user", "add", name, "--password-stdin", "--config", str(hub.config_path)]
+        out = subprocess.run(add, input=PASSWORD, capture_output=True, text=True, timeout=120)
+        assert out.returncode == 0, out.stderr
+    api_url = f"http://127.0.0.1:{hub.site['hub']['api_port']}"
+
+    def token(name, **body):
+        r = hub.api("POST", f"/users/{name}/tokens", json={"note": "matrix", **body})
+        assert r.status_code == 201, r.text
+        return r.json()["token"]
+
+    hub.spawn(USER, {"profile": "debug"})
+    kernel = process_env(
+        lambda e: (
+            e.get("JUPYTERHUB_USER") == USER
+            and e.get("JUPYTERHUB_API_URL", "").startswith(api_url)
+            and "JUPYTERHUB_API_TOKEN" in e
+        )
+    )["JUPYTERHUB_API_TOKEN"]
+    billing = process_env(
+        lambda e: (
+            e.get("JUPYTERHUB_SERVICE_NAME") == "billing"
+            and e.get("JUPYTERHUB_API_URL", "").startswith(api_url)
+        )
+    )["JUPYTERHUB_API_TOKEN"]
+    hub.tokens = {
+        "anonymous": None,
+        "user": token(USER),
+        "other": token(OTHER),
+        "admin": token("admin"),
+        "admin_narrow": token("admin", scopes=["access:services!service=billing"]),
+        "kernel": kernel,
+        "billing": billing,
+        "admin_service": ADMIN_TOKEN,
+    }
+    yield hub
+    hub.stop_server(USER)
+
+
+def xsrf(session) -> str:
+    """The hub's XSRF token for this session (its cookie on the hub's path)."""
+    return next(c.value for c in session.cookies if c.name == "_xsrf" and c.path == "/hub/")
+
+
+def concrete(path: str) -> str:
+    return path.format(name=USER, session_id=999999, profile="debug")
+
+
+@pytest.mark.parametrize("method,path", sorted(API))
+def test_billing_api_answers_each_actor_as_the_table_says(matrix_hub, method, path):
+    body, expected = API[(method, path)]
+    got = {}
+    for actor in A:
+        token = matrix_hub.tokens[actor]
+        headers = {"Authorization": f"token {token}"} if token else {}
+        r = requests.request(
+            method,
+            f"{matrix_hub.url}/services/billing/api/v1{concrete(path)}",
+            headers=headers,
+            json=body,
+            allow_redirects=False,
+            timeout=60,
+        )
+        got[actor] = r.status_code
+    assert got == expected
+
+
+@pytest.mark.parametrize("method,path", sorted(PAGES))
+def test_money_pages_answer_each_actor_as_the_table_says(matrix_hub, method, path):
+    form, expected = PAGES[(method, path)]
+    got = {}
+    for actor in P:
+        if actor.endswith("_cookie"):
+            session = (
+                session_of(matrix_hub, "admin", admin_password(matrix_hub))
+                if actor == "admin_cookie"
+                else session_of(matrix_hub, USER, PASSWORD)
+            )
+            headers = {}
+            data = form and {**form, "_xsrf": xsrf(session)}
+        else:
+            session = requests.Session()
+            token = matrix_hub.tokens[actor]
+            headers = {"Authorization": f"token {token}"} if token else {}
+            data = form
+        if data is not None:
+            data = {**data, "key": str(uuid.uuid4())}
+        r = session.request(
+            method,
+            f"{matrix_hub.url}/hub{path}",
+            headers=headers,
+            data=data,
+            allow_redirects=False,
+            timeout=60,
+        )
+        got[actor] = r.status_code
+    assert got == expected
+
+
+def test_a_signed_in_admin_cannot_be_made_to_post_without_the_xsrf_token(matrix_hub):
+    session = session_of(matrix_hub, "admin", admin_password(matrix_hub))
+    r = session.post(
+        f"{matrix_hub.url}/hub/billing-admin/grant",
+        data={"user": USER, "amount": "5", "key": "csrf"},
+        allow_redirects=False,
+    )
+    assert r.status_code == 403
