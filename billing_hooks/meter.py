@@ -6,6 +6,11 @@ then, off the event loop, charges each ready server for [metered_through, now) (
 transaction a window, keyed per window), closes sessions of servers that vanished at the
 time they were last seen running, writes warnings at the configured minutes left, and
 finally asks the hub to stop the servers of wallets at zero (their disks are kept).
+
+The hub's paginated listing is not a snapshot: a server that stops between two pages shifts
+the others, and one can be missed. So the meter never trusts an absence: it asks the hub
+about that user before closing, and it stops a ready server that has no open session
+(nothing may run unbilled). Both corrections are recorded (`Ledger.reconciliations`).
 """
 
 from __future__ import annotations
@@ -14,7 +19,7 @@ import asyncio
 import json
 import logging
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass, field
 from urllib.parse import quote
 
@@ -22,7 +27,7 @@ from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
 
 from .clock import utcnow
 from .ledger import Ledger
-from .money import format_duration, format_money, seconds_covered
+from .money import SECONDS_PER_HOUR, format_duration, format_money, seconds_covered
 
 log = logging.getLogger("meterhub.meter")
 
@@ -32,6 +37,14 @@ PAGE_SIZE = 200
 #: sessions charged in one transaction
 BATCH = 1000
 MAX_PAGES = 1000
+#: users asked about one by one in a pass (absent sessions, servers without a session);
+#: the rest wait for the next pass, uncharged meanwhile (the next window covers the gap)
+MAX_CONFIRMATIONS = 200
+
+#: reconciliation kinds (the column holds 16 characters)
+MISSED = "missed-listing"  # absent from the listing, the hub says it runs: kept
+VANISHED = "closed-vanished"  # absent from the listing and from the user: closed
+UNBILLED = "stopped-unbilled"  # ready with no open session: stopped
 
 
 @dataclass
@@ -40,15 +53,22 @@ class PassResult:
     closed: list[int] = field(default_factory=list)
     to_stop: list[tuple[str, str]] = field(default_factory=list)
     notified: list[str] = field(default_factory=list)
+    #: sessions the listing missed that the hub confirmed running (kept and charged)
+    missed: list[int] = field(default_factory=list)
+    #: ready servers that had no open session: stopped
+    unbilled: list[tuple[str, str]] = field(default_factory=list)
 
 
 class HubClient:
     """The few hub API calls the meter makes, each with a timeout."""
 
-    def __init__(self, api_url: str, token: str, timeout: float = 30):
+    def __init__(self, api_url: str, token: str, timeout: float = 30, page_size: int = PAGE_SIZE):
+        if not 1 <= page_size <= 1000:
+            raise ValueError(f"page_size must be between 1 and 1000, not {page_size}")
         self.api_url = api_url.rstrip("/")
         self.token = token
         self.timeout = timeout
+        self.page_size = page_size
         self.http = AsyncHTTPClient()
 
     def _request(self, method: str, path: str, **kwargs) -> HTTPRequest:
@@ -65,31 +85,43 @@ class HubClient:
         )
 
     async def running_servers(self) -> dict[tuple[str, str], bool]:
-        """{(user, server name): ready} for every server that is starting or running."""
+        """{(user, server name): ready} for every server that is starting or running.
+
+        Pages are read one after another, not as one snapshot: a server that stops meanwhile
+        shifts the rest, so an absence here proves nothing (see `user_servers`).
+        """
         servers: dict[tuple[str, str], bool] = {}
         offset = 0
         for _ in range(MAX_PAGES):
             response = await self.http.fetch(
-                self._request("GET", f"/users?state=active&limit={PAGE_SIZE}&offset={offset}")
+                self._request("GET", f"/users?state=active&limit={self.page_size}&offset={offset}")
             )
             page = json.loads(response.body)
             for user in page["items"]:
-                for name, server in (user.get("servers") or {}).items():
-                    servers[(user["name"], name)] = bool(server.get("ready"))
+                for name, ready in _active_servers(user).items():
+                    servers[(user["name"], name)] = ready
             following = (page.get("_pagination") or {}).get("next")
             if not following:
                 return servers
             offset = following["offset"]
         raise RuntimeError("too many pages of users")
 
-    async def user_exists(self, name: str) -> bool:
+    async def _user(self, name: str) -> dict | None:
         try:
-            await self.http.fetch(self._request("GET", f"/users/{quote(name, safe='')}"))
+            response = await self.http.fetch(self._request("GET", f"/users/{quote(name, safe='')}"))
         except HTTPClientError as e:
             if e.code == 404:
-                return False
+                return None
             raise
-        return True
+        return json.loads(response.body)
+
+    async def user_servers(self, name: str) -> dict[str, bool] | None:
+        """{server name: ready} of one user's running or pending servers; None: no such user."""
+        user = await self._user(name)
+        return None if user is None else _active_servers(user)
+
+    async def user_exists(self, name: str) -> bool:
+        return await self._user(name) is not None
 
     async def stop_server(self, user: str, server_name: str) -> None:
         path = f"/users/{quote(user, safe='')}/server"
@@ -100,6 +132,15 @@ class HubClient:
         except HTTPClientError as e:
             if e.code not in (400, 404):  # already stopped or stopping
                 raise
+
+
+def _active_servers(user: dict) -> dict[str, bool]:
+    """{server name: ready} from a hub user model: servers ready or with an action pending."""
+    return {
+        name: bool(server.get("ready"))
+        for name, server in (user.get("servers") or {}).items()
+        if server.get("ready") or server.get("pending") or not server.get("stopped", False)
+    }
 
 
 class Meter:
@@ -115,6 +156,8 @@ class Meter:
         self.hub = hub
         self.interval_seconds = interval_seconds
         self.warn_minutes = sorted(warn_minutes or [30, 10, 2], reverse=True)
+        #: a wallet with credit for at least this many seconds is warned of nothing
+        self._quiet_seconds = (self.warn_minutes[0] * 60 if self.warn_minutes else 0) + 1
         self.clock = clock
 
     async def run_forever(self) -> None:
@@ -129,16 +172,118 @@ class Meter:
 
     async def tick(self) -> PassResult:
         snapshot_at = self.clock()
+        # a listing that fails raises here, before anything is charged or closed
         servers = await self.hub.running_servers()
-        result = await asyncio.to_thread(self.charge_pass, servers, snapshot_at)
+        listed = dict(servers)
+        open_rows = await asyncio.to_thread(self.ledger.open_session_rows)
+        missed, gone = await self._confirm_absent(servers, open_rows, snapshot_at)
+        result = await asyncio.to_thread(self.charge_pass, servers, snapshot_at, gone)
+        await asyncio.to_thread(self._record_missed, missed, result)
         for user, server_name in result.to_stop:
             log.warning("Stopping %s/%s: out of credit", user, server_name)
             await self.hub.stop_server(user, server_name)
+        await self._stop_unbilled(listed, open_rows, result)
         return result
 
-    def charge_pass(self, servers: dict[tuple[str, str], bool], snapshot_at: int) -> PassResult:
-        """The database half of a pass (blocking; runs in a thread)."""
+    async def _confirm_absent(
+        self, servers: dict[tuple[str, str], bool], open_rows: list, snapshot_at: int
+    ) -> tuple[list, set[int]]:
+        """Ask the hub about each user with an open session absent from the listing.
+
+        A server the hub still runs goes back into `servers` (charged as usual); a session
+        is returned as gone only when the hub confirms its server is not running. A user the
+        hub cannot answer for keeps their sessions open and uncharged until a later pass.
+        """
+        absent: dict[str, list] = {}
+        for row in open_rows:
+            if (row.user_name, row.server_name) in servers:
+                continue
+            if row.started_at >= snapshot_at - SNAPSHOT_GRACE_SECONDS:
+                continue  # just opened: the spawn may not be in the hub's answer yet
+            absent.setdefault(row.user_name, []).append(row)
+        missed, gone = [], set()
+        for user in _limited(absent, "absent sessions"):
+            try:
+                running = await self.hub.user_servers(user)
+            except Exception:
+                log.exception("Cannot confirm %s's servers; their sessions stay open", user)
+                continue
+            for row in absent[user]:
+                if running is not None and row.server_name in running:
+                    servers[(user, row.server_name)] = running[row.server_name]
+                    missed.append(row)
+                else:
+                    gone.add(row.id)
+        return missed, gone
+
+    def _record_missed(self, missed: list, result: PassResult) -> None:
+        for row in missed:
+            log.warning(
+                "%s/%s was missing from the hub's listing but runs; session %s kept",
+                row.user_name,
+                row.server_name,
+                row.id,
+            )
+            self.ledger.reconciled(
+                MISSED,
+                row.user_name,
+                row.server_name,
+                row.id,
+                "absent from the hub's listing of active servers; the hub's own answer for"
+                " the user says it runs: session kept",
+            )
+            result.missed.append(row.id)
+
+    async def _stop_unbilled(
+        self, listed: dict[tuple[str, str], bool], open_rows: list, result: PassResult
+    ) -> None:
+        """Stop ready servers the ledger has no open session for: none may run free.
+
+        Before stopping, the hub must still say the server is ready and the ledger, read
+        again, must still have no open session for it (one may have opened meanwhile).
+        """
+        metered = {(row.user_name, row.server_name) for row in open_rows}
+        candidates: dict[str, list[str]] = {}
+        for (user, server_name), ready in listed.items():
+            if ready and (user, server_name) not in metered:
+                candidates.setdefault(user, []).append(server_name)
+        for user in _limited(candidates, "servers without a session"):
+            try:
+                running = await self.hub.user_servers(user) or {}
+            except Exception:
+                log.exception("Cannot confirm %s's servers; checked again next pass", user)
+                continue
+            sessions = await asyncio.to_thread(self.ledger.open_sessions, user)
+            now_metered = {s.server_name for s in sessions}
+            for server_name in candidates[user]:
+                if not running.get(server_name) or server_name in now_metered:
+                    continue
+                log.warning("Stopping %s/%s: it runs with no billing session", user, server_name)
+                await self.hub.stop_server(user, server_name)
+                await asyncio.to_thread(
+                    self.ledger.reconciled,
+                    UNBILLED,
+                    user,
+                    server_name,
+                    None,
+                    "ready on the hub with no open billing session: stopped (files kept)",
+                )
+                result.unbilled.append((user, server_name))
+
+    def charge_pass(
+        self,
+        servers: dict[tuple[str, str], bool],
+        snapshot_at: int,
+        gone: Collection[int] = (),
+    ) -> PassResult:
+        """The database half of a pass (blocking; runs in a thread).
+
+        Charges the ready servers in `servers`; closes the sessions in `gone` (absent from
+        the hub, confirmed) at the time they were last seen running. An open session in
+        neither is left as it is: its next window covers the time.
+        """
         now = self.clock()
+        gone = set(gone)
         result = PassResult()
         ready = []
         for session in self.ledger.open_session_rows():
@@ -147,10 +292,18 @@ class Meter:
                 if servers[where]:
                     ready.append(session.id)
                 # still starting: free
-            elif session.started_at < snapshot_at - SNAPSHOT_GRACE_SECONDS:
+            elif session.id in gone and session.started_at < snapshot_at - SNAPSHOT_GRACE_SECONDS:
                 # gone without a stop we heard of: charge only until it was last seen running
                 end = session.last_seen_running or session.started_at
                 self.ledger.close_session(session.id, at=end)
+                self.ledger.reconciled(
+                    VANISHED,
+                    session.user_name,
+                    session.server_name,
+                    session.id,
+                    "absent from the hub's listing and from the user's own servers: closed at"
+                    f" its last sight running ({end})",
+                )
                 result.closed.append(session.id)
         views = {}
         for i in range(0, len(ready), BATCH):
@@ -176,6 +329,9 @@ class Meter:
             return
         balance = view.balance_micros
         rate = sum(s.rate_micros_per_hour for s in view.paying)
+        available = balance + self.ledger.overdraft_micros
+        if available > 0 and available * SECONDS_PER_HOUR >= rate * self._quiet_seconds:
+            return  # credit for longer than the first warning: nothing to say (most wallets)
         if balance + self.ledger.overdraft_micros <= 0:
             for session in view.paying:
                 result.to_stop.append((session.user_name, session.server_name))
@@ -202,3 +358,15 @@ class Meter:
                         " are kept.",
                     ):
                         result.notified.append(key)
+
+
+def _limited(users: dict, what: str) -> Iterable[str]:
+    """At most MAX_CONFIRMATIONS users a pass; the others are asked about next pass."""
+    if len(users) > MAX_CONFIRMATIONS:
+        log.warning(
+            "%d users with %s; asking the hub about %d this pass",
+            len(users),
+            what,
+            MAX_CONFIRMATIONS,
+        )
+    return list(users)[:MAX_CONFIRMATIONS]

@@ -233,9 +233,14 @@ def usage(args) -> int:
 
 def audit(args) -> int:
     _c, settings = _load(args)
-    problems = settings.ledger().audit()
+    ledger = settings.ledger()
+    problems = ledger.audit()
     for problem in problems:
         print(f"VIOLATION: {problem}")
+    # what the meter corrected against the hub's view (a missed listing, a vanished or an
+    # unbilled server): not violations, but an operator should see them
+    for line in ledger.reconciliation_report():
+        print(f"reconciled: {line}")
     print("audit: ok" if not problems else f"audit: {len(problems)} violation(s)")
     return 1 if problems else 0
 

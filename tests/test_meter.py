@@ -22,6 +22,10 @@ class FakeHub:
     async def running_servers(self):
         return dict(self.servers)
 
+    async def user_servers(self, user):
+        mine = {name: ready for (owner, name), ready in self.servers.items() if owner == user}
+        return mine or None
+
     async def stop_server(self, user, server_name):
         self.stop_requests.append((user, server_name))
 
@@ -122,4 +126,22 @@ async def test_a_pass_holder_is_not_stopped_until_the_pass_ends():
     assert result.to_stop == [("eve", "")]
     kinds = [n.kind for n in ledger.notifications("eve")]
     assert kinds[0] == "pass-ended" and kinds[-1] == "stopped"
+    assert ledger.audit() == []
+
+
+async def test_one_pass_charges_two_servers_of_a_wallet_in_order_as_the_meter():
+    ledger, clock, hub, meter = setup()
+    start(ledger, hub, "fu", A800)
+    start(ledger, hub, "fu", 2 * A800, server="gpu2")
+    clock.advance(60)
+    result = await meter.tick()
+    assert result.charged == 2
+    charges = [e for e in ledger.wallet_entries("fu") if e.kind == "charge"]
+    assert [e.amount_micros for e in charges] == [-accrued(A800, 60), -accrued(2 * A800, 60)]
+    assert [e.balance_after_micros for e in charges] == [
+        10 * MICROS - accrued(A800, 60),
+        10 * MICROS - accrued(A800, 60) - accrued(2 * A800, 60),
+    ]
+    assert {e.actor for e in charges} == {"meter"}
+    assert ledger.balance("fu") == charges[-1].balance_after_micros
     assert ledger.audit() == []
