@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import functools
+import inspect
 import json
 import uuid
 from datetime import UTC, datetime
@@ -145,6 +147,20 @@ def _pass_json(held) -> dict:
     }
 
 
+def _after_refusal(method):
+    """`method`, run only if prepare() kept no refusal."""
+
+    @functools.wraps(method)
+    async def run(self, *args):
+        if self._refusal is not None:
+            raise self._refusal
+        result = method(self, *args)
+        if inspect.isawaitable(result):
+            await result
+
+    return run
+
+
 def _strict_int(text: str) -> int:
     if len(text.lstrip("-")) > MAX_INT_DIGITS:
         raise ValueError(f"a number of more than {MAX_INT_DIGITS} digits")
@@ -195,26 +211,30 @@ class BillingHandler(HubOAuthenticated, web.RequestHandler):
 
     # ------------------------------------------------------------------ request
 
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        for name in ("get", "post", "put", "patch", "delete"):
+            if name in cls.__dict__:
+                setattr(cls, name, _after_refusal(cls.__dict__[name]))
+
     async def prepare(self):
-        """Before the body is read: the method, the size, the token, the rule."""
-        method = self.request.method
-        if method not in self.access:
-            raise web.HTTPError(405, "%s is not allowed here", method)
+        """Before the body is read: the token and the rule. A refusal is kept and answered
+        once the body has been read (by every method, see __init_subclass__): answering
+        early would close a connection the proxy is still writing to, and the proxy's next
+        request on it would fail."""
         self._chunks: list[bytes] = []
         self._size = 0
-        # a body over MAX_BODY is read and dropped, then refused (413) by body(): answering
-        # before it is read would break the connection the proxy is still writing to
-        rule = self.access[method]
-        if rule == PUBLIC:
-            return
-        # the hub is asked off the event loop's critical path (async), and once
+        self._refusal: web.HTTPError | None = None
+        rule = self.access.get(self.request.method)
+        if rule is None or rule == PUBLIC:
+            return  # a method without a rule is tornado's 405 (with Allow, see write_error)
         try:
             model = await self.hub_auth.get_user(self, sync=False)
             self._hub_auth_user_cache = self.check_hub_user(model) if model else None
         except UserNotAllowed:
             self._hub_auth_user_cache = None
         if self.current_user is None:
-            raise web.HTTPError(
+            self._refusal = web.HTTPError(
                 403, "A JupyterHub token that may reach the billing service is needed"
             )
 

@@ -104,6 +104,13 @@ def sandbox_warning(site: dict) -> str:
     )
 
 
+def admin_scopes() -> list[str]:
+    """The scopes of JupyterHub's own admin role."""
+    from jupyterhub.roles import get_default_roles
+
+    return next(r["scopes"] for r in get_default_roles() if r["name"] == "admin")
+
+
 def billing_service(site: dict, config_path: str | None) -> tuple[list[dict], list[dict]]:
     """The managed billing service and its least-privilege role: read servers, stop them."""
     command = [sys.executable, "-m", "meterhub.hub.cli", "billing", "service"]
@@ -151,9 +158,17 @@ def runtime_config(
     token = environ.get("METERHUB_ADMIN_TOKEN")
     if token:
         services.append({"name": ADMIN_SERVICE, "api_token": token})
-        # no "users" here: JupyterHub then keeps the admins in its database (those made by
-        # `meterhub user add --admin` or the admin page) and adds Authenticator.admin_users
-        roles.append({"name": "admin", "services": [ADMIN_SERVICE]})
+        # the operator's token gets the admin role's scopes through a role of its own: a
+        # load_roles entry for "admin" would make JupyterHub strip the admins it keeps in
+        # its database (made by `meterhub user add --admin` or the admin page)
+        roles.append(
+            {
+                "name": "meterhub-operator",
+                "description": "The operator's METERHUB_ADMIN_TOKEN: what a hub admin may do.",
+                "scopes": admin_scopes(),
+                "services": [ADMIN_SERVICE],
+            }
+        )
     c.JupyterHub.services = services
     c.JupyterHub.load_roles = roles
     warning = sandbox_warning(site)

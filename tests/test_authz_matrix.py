@@ -265,3 +265,38 @@ def test_a_signed_in_admin_cannot_be_made_to_post_without_the_xsrf_token(matrix_
         allow_redirects=False,
     )
     assert r.status_code == 403
+
+
+def test_an_admin_made_by_user_add_stays_admin_and_new_accounts_get_their_roles(hub_factory):
+    """`meterhub user add --admin` is kept across restarts although the operator's service
+    token defines the admin role; an account added while the hub runs has the user role
+    (its server's token can reach billing) before it ever signs in."""
+    hub = hub_factory({"gpus": []}, name="roles")
+
+    def add(name, *extra):
+        add = [METERHUB, "user", "add", name, "--password-stdin", "--config", str(hub.config_path)]
+        out = subprocess.run(
+            [*add, *extra], input=PASSWORD, capture_output=True, text=True, timeout=120
+        )
+        assert out.returncode == 0, out.stderr
+
+    add("pat")
+    assert "user" in hub.api("GET", "/users/pat").json()["roles"]
+    add("boss", "--admin")
+    hub.restart()
+    boss = hub.api("GET", "/users/boss").json()
+    assert boss["admin"] is True and "admin" in boss["roles"]
+    # and billing sees boss's token as an admin's, pat's as a user's
+    tokens = {}
+    for name in ("boss", "pat"):
+        r = hub.api("POST", f"/users/{name}/tokens", json={"note": "roles"})
+        tokens[name] = r.json()["token"]
+    url = f"{hub.url}/services/billing/api/v1/users/pat/grants"
+    for name, status in (("pat", 403), ("boss", 201)):
+        r = requests.post(
+            url,
+            headers={"Authorization": f"token {tokens[name]}"},
+            json={"amount": "1.00"},
+            timeout=60,
+        )
+        assert r.status_code == status, (name, r.text)

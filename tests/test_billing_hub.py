@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
+import requests
 
 from meterhub.billing_hooks.db import connect
 from meterhub.billing_hooks.ledger import Ledger
@@ -206,7 +207,6 @@ def test_spawn_page_shows_balance_run_time_and_refusal(billed):
 
 
 def test_a_pass_reserves_its_gpus_for_its_holder(billed):
-    import requests
 
     billed.ensure_user("res")
     billed.ensure_user("oth")
@@ -231,6 +231,12 @@ def test_a_pass_reserves_its_gpus_for_its_holder(billed):
     billed.ensure_user("ivo")
     r = billed.api("POST", "/users/ivo/server", json={"profile": "a800", "gpus": "1"})
     assert r.status_code == 409 and "reserved for pass holders" in r.json()["message"], r.text
+    usage = requests.get(
+        f"{billed.url}/services/billing/api/v1/users/ivo/usage",
+        headers={"Authorization": f"token {ADMIN_TOKEN}"},
+        timeout=30,
+    )
+    assert usage.json() == {"sessions": []}  # a refused spawn leaves no ¥0 session behind
     server = billed.spawn("res", {"profile": "a800", "gpus": "1"})
     assert len(server["state"]["gpu_indices"]) == 1
     billed.stop_server("res")
@@ -239,7 +245,6 @@ def test_a_pass_reserves_its_gpus_for_its_holder(billed):
 
 def test_the_servers_status_endpoint_matches_the_wallet(billed):
     """GET /api/meterhub/status inside the user's server, with the server's own token."""
-    import requests
 
     billed.spawn("zed", {"profile": "debug"})
     try:

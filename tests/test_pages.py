@@ -236,6 +236,8 @@ def test_a_non_admin_cannot_open_the_admin_view(site_hub, browser):
 def test_a_grant_in_the_admin_view_shows_in_the_users_wallet(site_hub, browser):
     admin = sign_in(browser, site_hub, "admin", admin_password(site_hub))
     admin.goto(f"{site_hub.url}/hub/billing-admin")
+    assert "runs when you ask" in admin.locator("#meterhub-audit").inner_text()
+    admin.click("#meterhub-run-audit")
     assert "Sound" in admin.locator("#meterhub-audit").inner_text()
     assert "vic" in admin.locator("#meterhub-users").inner_text()
     admin.fill("#grant-user", "vic")
