@@ -23,7 +23,7 @@ from meterhub.spawner.local import LocalGPUSpawner, announce_resource_limits, st
 from meterhub.spawner.sandbox import bwrap_works
 
 from .accounts import AccountError, add_user
-from .config import ConfigError, apply_config, demo_pool_dir, template_vars
+from .config import ConfigError, apply_config, apply_config_d, demo_pool_dir, template_vars
 from .demo_pool import ensure_demo_pool
 
 ADMIN_SERVICE = "meterhub-admin"
@@ -257,7 +257,10 @@ def serve(site: dict, ip: str, port: int, config_path: str | None = None) -> Non
     c = apply_config(site, Config())
     check_ledger(c)
     facts = runtime_config(site, c, ip, port, os.environ, config_path)
-    url = f"http://{ip}:{port}/hub/login"
+    # the operator's jupyterhub_config.d/*.py beside the site config, last: they win
+    apply_config_d(config_path, c)
+    scheme = "https" if c.JupyterHub.get("ssl_cert") else "http"
+    url = f"{scheme}://{ip}:{port}/hub/login"
     if facts["password"]:
         print(
             f"meterhub: sign in at {url} as {facts['admin']!r} with password"

@@ -17,9 +17,22 @@ def _serve(args) -> int:
     from .config import load_site_config
 
     site = load_site_config(args.config)  # fail fast, before the hub's heavy imports
+    from .config import check_https_files
+
+    check_https_files(site)
     from .app import serve
 
     serve(site, args.ip, args.port, args.config)
+    return 0
+
+
+def _systemd_unit(args) -> int:
+    from .config import check_https_files, load_site_config
+
+    check_https_files(load_site_config(args.config))  # a unit for a config that cannot serve fails
+    from .systemd import unit_for
+
+    sys.stdout.write(unit_for(args.config, args.ip, args.port, args.working_directory))
     return 0
 
 
@@ -79,7 +92,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     render.add_argument("--config", help="site config (YAML); default: the embedded default")
     render.add_argument("--user", required=True, help="the user the server is for")
-    render.add_argument("--profile", required=True, help="debug, rtx4090, a800 or h800")
+    render.add_argument(
+        "--profile",
+        required=True,
+        help="debug or a GPU type of the site's catalog (rtx4090, a800, h800 and its gpu_types);"
+        " checked against the catalog once the config is loaded",
+    )
     render.add_argument("--gpus", type=int, help="GPU count (GPU profiles): 1, 2, 4 or 8")
     render.add_argument(
         "--group", action="append", help="a JupyterHub group of the user (repeatable)"
@@ -98,6 +116,19 @@ def build_parser() -> argparse.ArgumentParser:
     add.add_argument("--password-stdin", action="store_true", help="read the password from stdin")
     add.add_argument("--config", help="site config (YAML); default: the embedded default")
     add.set_defaults(func=_user_add)
+    unit = commands.add_parser(
+        "systemd-unit",
+        help="print a systemd unit that runs `meterhub serve` (restarts on failure)",
+        description="Paths are made absolute; stopping the unit leaves users' servers running.",
+    )
+    unit.add_argument("--config", help="site config (YAML); default: the embedded default")
+    unit.add_argument("--ip", default="127.0.0.1", help="serve --ip (default 127.0.0.1)")
+    unit.add_argument("--port", type=int, default=8000, help="serve --port (default 8000)")
+    unit.add_argument(
+        "--working-directory",
+        help="where relative data_dir/public_dir resolve (default: the current directory)",
+    )
+    unit.set_defaults(func=_systemd_unit)
     from .billing_cli import add_commands
 
     add_commands(commands)

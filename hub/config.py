@@ -1,7 +1,8 @@
 """The site config: one YAML file, checked by a JSON schema, translated to traitlets.
 
-`apply_config` is a pure function (it only sets values on the Config it is given), so the
-translation is tested by applying it to a fresh `Config()`.
+`apply_config` sets values only on the Config it is given (it reads the OAuth client
+secret from the environment and finds NativeAuthenticator's templates, nothing else), so
+the translation is tested by applying it to a fresh `Config()`.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from traitlets.config import Config
 
 from meterhub.billing_hooks import hooks
 from meterhub.billing_hooks.scopes import BILLING_ACCESS, CUSTOM_SCOPES
-from meterhub.spawner.catalog import parse_price
+from meterhub.spawner.catalog import DEBUG, merge_gpu_types, parse_price
 
 from . import spawn_form
 from .accounts import USERNAME_PATTERN
@@ -26,7 +27,7 @@ HERE = Path(__file__).parent
 SCHEMA: dict = yaml.safe_load((HERE / "site-schema.yaml").read_text())
 TEMPLATES = str(HERE / "templates")
 #: the default single-user image on Kubernetes until meterhub's own images are published
-KUBE_IMAGE = "quay.io/jupyter/base-notebook:python-3.11"
+KUBE_IMAGE: str = SCHEMA["properties"]["kubernetes"]["properties"]["image"]["default"]
 
 
 class ConfigError(ValueError):
@@ -97,12 +98,60 @@ def load_site_config(path: str | os.PathLike | None, cwd: str | None = None) -> 
                     parse_price(profile["price_per_hour"], f"profiles.{slug}.price_per_hour")
                 except ValueError as e:
                     problems.append(str(e))
+        problems += gpu_type_problems(site)
+        problems += https_problems(site)
     if problems:
         raise ConfigError(f"{source}: " + "\n  ".join(["invalid site config:", *problems]))
     if os.environ.get("METERHUB_DB_URL"):
         # a secret does not belong in a config file: the Helm chart passes it from a Secret
         site.setdefault("billing", {})["db_url"] = os.environ["METERHUB_DB_URL"]
     return complete(site, cwd=cwd)
+
+
+def gpu_type_problems(site: dict) -> list[str]:
+    """`gpu_types`, and every key naming a GPU type checked against the merged catalog
+    (the schema cannot list the types: a site adds its own)."""
+    try:
+        types = merge_gpu_types(site.get("gpu_types"))
+    except ValueError as e:
+        return [str(e)]
+    known = ", ".join(types)
+    problems = [
+        f"profiles.{slug}: unknown key (allowed here: {DEBUG}, {known})"
+        for slug in site.get("profiles") or {}
+        if slug != DEBUG and slug not in types
+    ]
+    problems += [
+        f"gpus.{i}.type: unknown GPU type {entry['type']!r} (known: {known})"
+        for i, entry in enumerate(site.get("gpus") or [])
+        if entry["type"] not in types
+    ]
+    problems += [
+        f"kubernetes.{section}.{slug}: unknown key (allowed here: {known})"
+        for section in ("node_products", "pass_capacity")
+        for slug in (site.get("kubernetes") or {}).get(section) or {}
+        if slug not in types
+    ]
+    return problems
+
+
+def https_problems(site: dict) -> list[str]:
+    """`https` needs both files: a certificate without its key (or the reverse) is refused."""
+    https = site.get("https")
+    if https is None:
+        return []
+    missing = [key for key in ("cert_file", "key_file") if key not in https]
+    return [f"https.{key}: missing (https needs both cert_file and key_file)" for key in missing]
+
+
+def check_https_files(site: dict) -> None:
+    """Refuse, naming the key, a certificate or key file that is not a readable file. Only
+    where the hub is served from: other commands need not read the private key."""
+    for key in ("cert_file", "key_file"):
+        path = site.get("https", {}).get(key)
+        if path is not None and not (os.path.isfile(path) and os.access(path, os.R_OK)):
+            why = "cannot be read" if os.path.exists(path) else "does not exist"
+            raise ConfigError(f"https.{key}: {path} {why}")
 
 
 def _stringify_counts(site: Any) -> None:
@@ -114,40 +163,100 @@ def _stringify_counts(site: Any) -> None:
             profile["allowed_groups_by_count"] = {str(k): v for k, v in counts.items()}
 
 
+def fill_schema_defaults(site: dict, schema: dict = SCHEMA) -> dict:
+    """Fill `site` in place with the schema's `default:` values, the one source of defaults.
+
+    An absent top-level section with defaults somewhere below it (`local`, `auth`,
+    `profiles`, ...) is created and filled; one without (`https`: its presence means
+    something) stays absent. A nested mapping (`auth.oauth`, `profiles.debug`) is filled
+    only when given. A value that is given is never replaced.
+    """
+    _fill_defaults(site, schema, schema.get("definitions", {}), create_sections=True)
+    return site
+
+
+def _fill_defaults(instance: dict, schema: dict, definitions: dict, create_sections: bool):
+    def resolve(sub: dict) -> dict:
+        return definitions[sub["$ref"].split("/")[-1]] if "$ref" in sub else sub
+
+    def has_defaults(sub: dict) -> bool:
+        sub = resolve(sub)
+        nested = [*sub.get("properties", {}).values(), sub.get("additionalProperties")]
+        return "default" in sub or any(isinstance(n, dict) and has_defaults(n) for n in nested)
+
+    properties = schema.get("properties", {})
+    extra = schema.get("additionalProperties")
+    for key in [*properties, *(key for key in instance if key not in properties)]:
+        sub = properties.get(key, extra if isinstance(extra, dict) else None)
+        if sub is None:
+            continue
+        resolved = resolve(sub)
+        if key not in instance:
+            if "default" in sub:
+                instance[key] = copy.deepcopy(sub["default"])
+            elif create_sections and resolved.get("type") == "object" and has_defaults(sub):
+                instance[key] = {}
+        value = instance.get(key)
+        if isinstance(value, dict):
+            _fill_defaults(value, resolved, definitions, create_sections=False)
+        elif isinstance(value, list) and isinstance(resolved.get("items"), dict):
+            for item in value:
+                if isinstance(item, dict):
+                    _fill_defaults(item, resolve(resolved["items"]), definitions, False)
+
+
 def complete(site: dict, cwd: str | None = None) -> dict:
-    """Fill in defaults and resolve paths, without touching the filesystem."""
-    site = copy.deepcopy(site)
+    """Fill in defaults (the schema's, then those derived from other keys) and resolve
+    paths, without touching the filesystem."""
+    site = fill_schema_defaults(copy.deepcopy(site))
     base = cwd or os.getcwd()
-    site["data_dir"] = os.path.abspath(os.path.join(base, site.get("data_dir", "./meterhub-data")))
+    site["data_dir"] = os.path.abspath(os.path.join(base, site["data_dir"]))
     if "public_dir" in site:
         site["public_dir"] = os.path.abspath(os.path.join(base, site["public_dir"]))
-    site.setdefault("admin_users", ["admin"])
-    local = site.setdefault("local", {})
-    if local.get("sandbox") is False:
-        local["sandbox"] = "off"
-    local.setdefault("sandbox", "auto")
-    local.setdefault("uid_base", 200000)
-    local.setdefault("disk_mount_path", "/home/jovyan")
-    site.setdefault("profiles", {})
-    auth = site.setdefault("auth", {})
-    auth.setdefault("type", "native")
-    auth.setdefault("enable_signup", True)
-    auth.setdefault("open_signup", False)
-    auth.setdefault("minimum_password_length", 8)
-    site.setdefault("backend", "local")
-    kube = site.setdefault("kubernetes", {})
-    kube.setdefault("image", KUBE_IMAGE)
-    kube.setdefault("disk_size", "20Gi")
-    kube.setdefault("public_claim", "meterhub-public")
-    kube.setdefault("node_label", "nvidia.com/gpu.product")
-    kube.setdefault("uid", 1000)
-    billing = site.setdefault("billing", {})
+    for key in ("cert_file", "key_file"):
+        if key in site.get("https", {}):
+            site["https"][key] = os.path.abspath(os.path.join(base, site["https"][key]))
+    if site["local"]["sandbox"] is False:
+        site["local"]["sandbox"] = "off"
+    billing = site["billing"]
     billing.setdefault("db_url", "sqlite:///" + os.path.join(site["data_dir"], "billing.sqlite"))
-    ports = site.setdefault("hub", {})
-    ports.setdefault("api_port", 8081)
-    ports.setdefault("proxy_api_port", 8001)
-    ports.setdefault("billing_port", 8082)
     return site
+
+
+#: the escape hatch: `*.py` files in this folder beside the site config, run last with `c`
+CONFIG_D = "jupyterhub_config.d"
+
+
+def config_d_files(config_path: str | os.PathLike | None) -> list[Path]:
+    """The `jupyterhub_config.d/*.py` files beside the site config, in sorted order."""
+    if config_path is None:
+        return []
+    folder = Path(config_path).resolve().parent / CONFIG_D
+    return sorted(folder.glob("*.py"), key=lambda path: path.name) if folder.is_dir() else []
+
+
+def apply_config_d(config_path: str | os.PathLike | None, c: Config) -> list[Path]:
+    """Run each `jupyterhub_config.d/*.py` beside the site config with `c` in scope (as
+    JupyterHub runs jupyterhub_config.py), after meterhub's own config; returns the files.
+
+    Not pure: it runs the operator's code. An error stops the start, naming file and line.
+    """
+    files = config_d_files(config_path)
+    for path in files:
+        scope = {"c": c, "get_config": lambda: c, "__file__": str(path), "__name__": "__config__"}
+        try:
+            code = compile(path.read_text(), str(path), "exec")
+            exec(code, scope)  # the operator's own code, as jupyterhub_config.py is
+        except Exception as e:
+            line = getattr(e, "lineno", None) if isinstance(e, SyntaxError) else None
+            tb = e.__traceback__
+            while tb is not None:
+                if tb.tb_frame.f_code.co_filename == str(path):
+                    line = tb.tb_lineno
+                tb = tb.tb_next
+            where = f"{path}, line {line}" if line else str(path)
+            raise ConfigError(f"{where}: {type(e).__name__}: {e}") from e
+    return files
 
 
 def demo_pool_dir(site: dict) -> str:
@@ -165,6 +274,10 @@ def apply_config(site: dict, c: Config) -> Config:
     c.JupyterHub.template_paths = [TEMPLATES]
     c.JupyterHub.hub_port = site["hub"]["api_port"]
     c.ConfigurableHTTPProxy.api_url = f"http://127.0.0.1:{site['hub']['proxy_api_port']}"
+    if "https" in site:
+        # JupyterHub hands both to the proxy, which then serves https on the public port
+        c.JupyterHub.ssl_cert = site["https"]["cert_file"]
+        c.JupyterHub.ssl_key = site["https"]["key_file"]
     c.Authenticator.admin_users = set(site["admin_users"])
     apply_auth(site, c)
 
@@ -318,6 +431,15 @@ def apply_spawner_config(site: dict, c: Config) -> Config:
     # an operator's c.Spawner hooks run after billing's, never instead
     hooks.install_billing_hooks(c.LocalGPUSpawner)
 
+    c.Catalog.gpu_types = {
+        slug: {
+            key: str(parse_price(value, f"gpu_types.{slug}.{key}"))
+            if key == "price_per_hour"
+            else copy.deepcopy(value)
+            for key, value in fields.items()
+        }
+        for slug, fields in (site.get("gpu_types") or {}).items()
+    }
     c.Catalog.pass_prices = {
         slug: {period: str(price) for period, price in profile["passes"].items()}
         for slug, profile in site["profiles"].items()
@@ -363,6 +485,9 @@ def apply_kubernetes(site: dict, c: Config) -> Config:
     k.node_products = {slug: list(values) for slug, values in kube.get("node_products", {}).items()}
     k.debug_node_selector = dict(kube.get("debug_node_selector", {}))
     k.uid = kube["uid"]
+    if "pass_capacity" in kube:
+        # read by billing_hooks.settings.pass_capacity; not set: no pass is sold here
+        c.BillingSettings.pass_capacity = dict(kube["pass_capacity"])
     # on KubeGPUSpawner's own section, which wins over z2jh's c.KubeSpawner whatever the
     # order: merged over z2jh's `singleuser.extraEnv`, and billing's hooks composed with an
     # operator's own (c.Spawner / c.KubeSpawner hooks run after billing's, never instead)

@@ -9,11 +9,11 @@ event loop (`asyncio.to_thread`).
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from contextlib import closing, contextmanager
 from datetime import UTC, datetime
 
-from .catalog import GPU_COUNTS, GPU_TYPES
+from .catalog import GPU_COUNTS, GPU_TYPES, GpuType
 from .inventory import Gpu
 
 SCHEMA = """
@@ -33,9 +33,16 @@ class NotEnoughGpus(RuntimeError):
 
 
 class GpuAllocator:
-    def __init__(self, db_path: str, inventory: list[Gpu]):
+    def __init__(
+        self,
+        db_path: str,
+        inventory: list[Gpu],
+        gpu_types: Mapping[str, GpuType] | None = None,
+    ):
+        """`gpu_types`: the configured catalog's (`Catalog.types()`); default the built-in ones."""
         self.db_path = db_path
         self.inventory = list(inventory)
+        self.gpu_types = dict(GPU_TYPES if gpu_types is None else gpu_types)
         self.by_index = {gpu.index: gpu for gpu in self.inventory}
         with closing(sqlite3.connect(self.db_path, timeout=30)) as db:
             db.execute("PRAGMA journal_mode=WAL")
@@ -91,7 +98,8 @@ class GpuAllocator:
             free = [gpu for gpu in of_type if gpu.index not in taken]
             held_back = self._held_back(db, gpu_type, holder, reserved or {})
             if len(free) - held_back < count:
-                name = GPU_TYPES[gpu_type].display_name if gpu_type in GPU_TYPES else gpu_type
+                known = self.gpu_types.get(gpu_type)
+                name = known.display_name if known else gpu_type
                 raise NotEnoughGpus(
                     _shortage_message(name, count, max(0, len(free) - held_back), len(of_type))
                     + (f" ({held_back} reserved for pass holders)" if held_back else "")
@@ -142,7 +150,7 @@ class GpuAllocator:
                 gpu_type: self._held_back(db, gpu_type, holder, users)
                 for gpu_type, users in (reserved or {}).items()
             }
-        result = {slug: (0, 0) for slug in GPU_TYPES}
+        result = {slug: (0, 0) for slug in self.gpu_types}
         for gpu in self.inventory:
             total, free = result.get(gpu.type, (0, 0))
             result[gpu.type] = (total + 1, free + (gpu.index not in taken))

@@ -5,10 +5,12 @@ Every backend, the spawn form and billing read profiles from here; nothing else 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, fields, replace
 from decimal import ROUND_HALF_UP, Decimal
 
-from traitlets import Dict, Int, Unicode
+from traitlets import Dict, Int, TraitError, Unicode, validate
 from traitlets.config import LoggingConfigurable
 
 from .amounts import AmountError, parse_decimal
@@ -42,6 +44,7 @@ class GpuType:
     node_product: str
 
 
+#: the built-in GPU types; a site adds or overrides types with `gpu_types` (Catalog.gpu_types)
 GPU_TYPES: dict[str, GpuType] = {
     t.slug: t
     for t in (
@@ -94,9 +97,38 @@ DEBUG_CPU_GUARANTEE = 0.5
 DEBUG_MEMORY_GUARANTEE_GIB = 2
 DEBUG_SHM_GIB = 1
 
+#: the built-in profiles; a configured catalog's are `Catalog.slugs()`
 PROFILE_SLUGS: tuple[str, ...] = (DEBUG, *GPU_TYPES)
 
-#: period: (seconds, hours of use priced, share of the hourly price), from DESIGN.md
+#: a GPU type's slug: it is a form field, a Kubernetes label value and a ledger profile name
+SLUG_PATTERN = re.compile(r"[a-z](?:[a-z0-9-]{0,30}[a-z0-9])?\Z")
+SLUG_RULE = "lower-case letters, digits and '-', starting with a letter, at most 32 characters"
+
+#: site config field -> (GpuType field, kind); the other GpuType fields have the same name
+GPU_TYPE_FIELDS: dict[str, tuple[str, str]] = {
+    "display_name": ("display_name", "text"),
+    "vram_gb": ("vram_gb", "int"),
+    "price_per_hour": ("default_price_per_hour", "price"),
+    "cpu_per_gpu": ("cpu_per_gpu", "int"),
+    "memory_gib_per_gpu": ("memory_gib_per_gpu", "int"),
+    "cpu_guarantee_per_gpu": ("cpu_guarantee_per_gpu", "int"),
+    "memory_guarantee_gib_per_gpu": ("memory_guarantee_gib_per_gpu", "int"),
+    "shm_gib_per_gpu": ("shm_gib_per_gpu", "int"),
+    "product_patterns": ("product_patterns", "patterns"),
+    "node_product": ("node_product", "text"),
+}
+#: fields a new GPU type must give; the guarantees and /dev/shm are derived when left out
+GPU_TYPE_REQUIRED: tuple[str, ...] = (
+    "display_name",
+    "vram_gb",
+    "price_per_hour",
+    "cpu_per_gpu",
+    "memory_gib_per_gpu",
+    "product_patterns",
+    "node_product",
+)
+
+#: period: (seconds, hours of use priced, share of the hourly price)
 PASS_PERIODS: dict[str, tuple[int, int, Decimal]] = {
     "daily": (86_400, 24, Decimal("0.90")),
     "weekly": (7 * 86_400, 168, Decimal("0.75")),
@@ -104,10 +136,15 @@ PASS_PERIODS: dict[str, tuple[int, int, Decimal]] = {
 }
 
 
-def gpu_type_for_product(product_name: str) -> GpuType | None:
-    """Map an NVML product name ("NVIDIA A800-SXM4-80GB") to a GPU type, or None."""
+def gpu_type_for_product(
+    product_name: str, gpu_types: Mapping[str, GpuType] | None = None
+) -> GpuType | None:
+    """Map an NVML product name ("NVIDIA A800-SXM4-80GB") to a GPU type, or None.
+
+    `gpu_types`: the configured catalog's (`Catalog.types()`); default the built-in ones.
+    """
     name = product_name.lower()
-    for gpu_type in GPU_TYPES.values():
+    for gpu_type in (GPU_TYPES if gpu_types is None else gpu_types).values():
         if any(pattern in name for pattern in gpu_type.product_patterns):
             return gpu_type
     return None
@@ -119,6 +156,96 @@ def parse_price(value: object, where: str) -> Decimal:
         return parse_decimal(value, where=where, allow_numbers=True)
     except AmountError as e:
         raise ValueError(str(e)) from None
+
+
+def _gpu_type_value(value: object, kind: str, where: str):
+    if kind == "price":
+        return parse_price(value, where)
+    if kind == "int":
+        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 4096:
+            raise ValueError(f"{where}: expected a whole number from 1 to 4096, got {value!r}")
+        return value
+    if kind == "patterns":
+        if (
+            isinstance(value, str)
+            or not isinstance(value, (list, tuple))
+            or not value
+            or not all(isinstance(v, str) and v.strip() for v in value)
+        ):
+            raise ValueError(f"{where}: expected a list of product name substrings, got {value!r}")
+        return tuple(v.strip().lower() for v in value)
+    if not isinstance(value, str) or not value.strip():
+        raise ValueError(f"{where}: expected a non-empty string, got {value!r}")
+    return value.strip()
+
+
+def merge_gpu_types(
+    configured: Mapping[str, Mapping] | None, where: str = "gpu_types"
+) -> dict[str, GpuType]:
+    """The built-in GPU types with `configured` ones added or overriding fields of theirs.
+
+    `configured` maps slugs to site-config fields (`price_per_hour`, not
+    `default_price_per_hour`). Raise ValueError naming the key of the first problem.
+    """
+    types = dict(GPU_TYPES)
+    if not configured:
+        return types
+    if not isinstance(configured, Mapping):
+        raise ValueError(f"{where}: expected a mapping of GPU type slugs to their fields")
+    for slug, entry in configured.items():
+        key = f"{where}.{slug}"
+        if slug == DEBUG:
+            raise ValueError(f"{key}: '{DEBUG}' is debug mode, not a GPU type; choose another slug")
+        if not isinstance(slug, str) or not SLUG_PATTERN.match(slug):
+            raise ValueError(f"{where}.{slug}: a GPU type slug is {SLUG_RULE}")
+        if not isinstance(entry, Mapping):
+            raise ValueError(f"{key}: expected a mapping of fields, got {entry!r}")
+        unknown = sorted(set(entry) - set(GPU_TYPE_FIELDS))
+        if unknown:
+            raise ValueError(
+                f"{key}.{unknown[0]}: unknown key (allowed here: {', '.join(GPU_TYPE_FIELDS)})"
+            )
+        values = {
+            GPU_TYPE_FIELDS[name][0]: _gpu_type_value(
+                entry[name], GPU_TYPE_FIELDS[name][1], f"{key}.{name}"
+            )
+            for name in GPU_TYPE_FIELDS
+            if name in entry
+        }
+        if slug in types:
+            types[slug] = replace(types[slug], **values)
+            continue
+        missing = [name for name in GPU_TYPE_REQUIRED if name not in entry]
+        if missing:
+            raise ValueError(
+                f"{key}.{missing[0]}: required for a new GPU type"
+                f" (new types give {', '.join(GPU_TYPE_REQUIRED)};"
+                f" built-in types {', '.join(GPU_TYPES)} take overrides of any field)"
+            )
+        cpu, memory = values["cpu_per_gpu"], values["memory_gib_per_gpu"]
+        values.setdefault("cpu_guarantee_per_gpu", max(1, cpu * 3 // 4))
+        values.setdefault("memory_guarantee_gib_per_gpu", max(1, memory * 4 // 5))
+        values.setdefault("shm_gib_per_gpu", max(1, memory // 4))
+        types[slug] = GpuType(slug=slug, **values)
+    for gpu_type in types.values():
+        _check_gpu_type(gpu_type, f"{where}.{gpu_type.slug}")
+    return types
+
+
+def _check_gpu_type(gpu_type: GpuType, key: str) -> None:
+    """Guarantees are at most the limits (Kubernetes refuses a pod otherwise)."""
+    for guarantee, limit in (
+        ("cpu_guarantee_per_gpu", "cpu_per_gpu"),
+        ("memory_guarantee_gib_per_gpu", "memory_gib_per_gpu"),
+    ):
+        if getattr(gpu_type, guarantee) > getattr(gpu_type, limit):
+            raise ValueError(
+                f"{key}.{guarantee}: {getattr(gpu_type, guarantee)} is more than"
+                f" {limit} ({getattr(gpu_type, limit)})"
+            )
+
+
+assert {f.name for f in fields(GpuType)} == {"slug"} | {f for f, _ in GPU_TYPE_FIELDS.values()}
 
 
 @dataclass(frozen=True)
@@ -196,6 +323,40 @@ class Choice:
 
 class Catalog(LoggingConfigurable):
     """The profiles this deployment offers, with the site's prices."""
+
+    gpu_types = Dict(
+        key_trait=Unicode(),
+        help="""
+        GPU types added to the built-in ones (rtx4090, a800, h800), or fields of a built-in
+        one overridden, by slug: `{"l40s": {"display_name": "L40S", "vram_gb": 48,
+        "price_per_hour": "3.20", "cpu_per_gpu": 16, "memory_gib_per_gpu": 96,
+        "product_patterns": ["l40s"], "node_product": "NVIDIA-L40S"}}`.
+
+        A new type needs display_name, vram_gb, price_per_hour (per GPU-hour, at most two
+        decimals), cpu_per_gpu, memory_gib_per_gpu, product_patterns (lower-case substrings
+        of the NVML product name, for detection on the local backend) and node_product (the
+        `nvidia.com/gpu.product` node label on Kubernetes). cpu_guarantee_per_gpu,
+        memory_guarantee_gib_per_gpu and shm_gib_per_gpu default to 3/4 of the CPUs, 4/5 of
+        the memory and 1/4 of the memory. Every backend, the spawn form and billing read
+        the types from here.
+        """,
+    ).tag(config=True)
+
+    @validate("gpu_types")
+    def _validate_gpu_types(self, proposal):
+        try:
+            merge_gpu_types(proposal["value"], where="Catalog.gpu_types")
+        except ValueError as e:
+            raise TraitError(str(e)) from None
+        return proposal["value"]
+
+    def types(self) -> dict[str, GpuType]:
+        """The GPU types of this deployment: the built-in ones with `gpu_types` applied."""
+        return merge_gpu_types(self.gpu_types, where="Catalog.gpu_types")
+
+    def slugs(self) -> tuple[str, ...]:
+        """Every profile slug: debug, then the GPU types."""
+        return (DEBUG, *self.types())
 
     prices = Dict(
         key_trait=Unicode(),
@@ -280,7 +441,7 @@ class Catalog(LoggingConfigurable):
         profile = self.profiles().get(slug)
         if profile is None or profile.is_debug:
             raise InvalidChoice(
-                f"Passes are for GPU profiles ({', '.join(GPU_TYPES)}), not {slug!r}"
+                f"Passes are for GPU profiles ({', '.join(self.slugs()[1:])}), not {slug!r}"
             )
         if period not in PASS_PERIODS:
             raise InvalidChoice(f"Unknown period {period!r}; choose {', '.join(PASS_PERIODS)}")
@@ -297,10 +458,12 @@ class Catalog(LoggingConfigurable):
         return per_gpu * gpus
 
     def profiles(self) -> dict[str, Profile]:
-        unknown = set(self.prices) - set(PROFILE_SLUGS)
+        gpu_types = self.types()
+        slugs = (DEBUG, *gpu_types)
+        unknown = set(self.prices) - set(slugs)
         if unknown:
             raise ValueError(
-                f"Catalog.prices: unknown profile {sorted(unknown)[0]!r}; known: {', '.join(PROFILE_SLUGS)}"
+                f"Catalog.prices: unknown profile {sorted(unknown)[0]!r}; known: {', '.join(slugs)}"
             )
         profiles = {
             DEBUG: Profile(
@@ -313,7 +476,7 @@ class Catalog(LoggingConfigurable):
                 memory_gib=self.debug_memory_gib,
             )
         }
-        for slug, gpu_type in GPU_TYPES.items():
+        for slug, gpu_type in gpu_types.items():
             price = parse_price(
                 self.prices.get(slug, gpu_type.default_price_per_hour), f"profiles.{slug}"
             )
@@ -331,7 +494,7 @@ class Catalog(LoggingConfigurable):
         """
         if not user_options:
             raise InvalidChoice(
-                f"Choose a profile: {{'profile': one of {', '.join(PROFILE_SLUGS)}}}"
+                f"Choose a profile: {{'profile': one of {', '.join(self.slugs())}}}"
             )
         if not isinstance(user_options, dict):
             raise InvalidChoice("user options must be an object")
@@ -343,9 +506,7 @@ class Catalog(LoggingConfigurable):
         slug = user_options.get("profile")
         profiles = self.profiles()
         if not isinstance(slug, str) or slug not in profiles:
-            raise InvalidChoice(
-                f"Unknown profile {slug!r}; choose one of: {', '.join(PROFILE_SLUGS)}"
-            )
+            raise InvalidChoice(f"Unknown profile {slug!r}; choose one of: {', '.join(profiles)}")
         profile = profiles[slug]
         raw_gpus = user_options.get("gpus")
         if profile.is_debug:

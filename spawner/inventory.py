@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 
-from .catalog import GPU_TYPES, gpu_type_for_product
+from .catalog import GPU_TYPES, GpuType, gpu_type_for_product
 
 log = logging.getLogger(__name__)
 
@@ -35,23 +36,28 @@ class Gpu:
         return f"/dev/nvidia{self.minor}"
 
 
-def declared_inventory(entries: list[dict]) -> list[Gpu]:
-    """GPUs from site config `gpus: [{type, count}]`, numbered in the order declared."""
+def declared_inventory(
+    entries: list[dict], gpu_types: Mapping[str, GpuType] | None = None
+) -> list[Gpu]:
+    """GPUs from site config `gpus: [{type, count}]`, numbered in the order declared.
+
+    `gpu_types`: the configured catalog's (`Catalog.types()`); default the built-in ones.
+    """
+    known = GPU_TYPES if gpu_types is None else gpu_types
     gpus: list[Gpu] = []
     for entry in entries:
-        if entry["type"] not in GPU_TYPES:
-            raise ValueError(
-                f"gpus: unknown GPU type {entry['type']!r}; known: {', '.join(GPU_TYPES)}"
-            )
+        if entry["type"] not in known:
+            raise ValueError(f"gpus: unknown GPU type {entry['type']!r}; known: {', '.join(known)}")
         for _ in range(int(entry["count"])):
             index = len(gpus)
             gpus.append(Gpu(index=index, type=entry["type"], minor=index))
     return gpus
 
 
-def detect_inventory(nvml=None) -> list[Gpu]:
+def detect_inventory(nvml=None, gpu_types: Mapping[str, GpuType] | None = None) -> list[Gpu]:
     """GPUs found by NVML, mapped to catalog types by product name; [] without NVML.
 
+    `gpu_types`: the configured catalog's (`Catalog.types()`); default the built-in ones.
     A GPU whose product is not in the catalog is left out with a warning: it cannot be
     priced, so it is never offered.
     """
@@ -70,7 +76,7 @@ def detect_inventory(nvml=None) -> list[Gpu]:
         for index in range(nvml.nvmlDeviceGetCount()):
             handle = nvml.nvmlDeviceGetHandleByIndex(index)
             name = _text(nvml.nvmlDeviceGetName(handle))
-            gpu_type = gpu_type_for_product(name)
+            gpu_type = gpu_type_for_product(name, gpu_types)
             if gpu_type is None:
                 log.warning("GPU %d (%s) is not in the catalog; not offering it", index, name)
                 continue

@@ -15,7 +15,7 @@ from kubespawner import KubeSpawner
 from traitlets import Dict, List, Unicode, default
 from traitlets.config import Config
 
-from .catalog import GPU_TYPES, Catalog, Choice
+from .catalog import Catalog, Choice
 from .options import CatalogOptions, group_names
 
 GIB = 1024**3
@@ -261,7 +261,7 @@ class KubeGPUSpawner(CatalogOptions, KubeSpawner):
     # ------------------------------------------------------------ profiles
 
     def products(self, slug: str) -> list[str]:
-        return list(self.node_products.get(slug) or [GPU_TYPES[slug].node_product])
+        return list(self.node_products.get(slug) or [self.catalog.types()[slug].node_product])
 
     def choice_override(self, choice: Choice) -> dict:
         """What a choice sets on top of the configuration (KubeSpawner merges dicts, replaces

@@ -30,11 +30,11 @@ from escapism import escape
 from jupyterhub.spawner import LocalProcessSpawner
 from jupyterhub.utils import maybe_future, random_port
 from tornado import web
-from traitlets import Any, Dict, Enum, Int, List, Unicode, default
+from traitlets import Any, Bool, Dict, Enum, Int, List, Unicode, default
 
 from . import cgroups
 from .allocator import GpuAllocator, NotEnoughGpus
-from .catalog import Choice, InvalidChoice
+from .catalog import Choice, GpuType, InvalidChoice
 from .form import render_options_form
 from .inventory import Gpu, declared_inventory, detect_inventory, device_nodes, visible_devices_env
 from .options import CatalogOptions, group_names
@@ -50,13 +50,15 @@ RECORDS_DIR = "servers.d"
 
 
 @functools.cache
-def _detected_inventory() -> tuple[Gpu, ...]:
-    return tuple(detect_inventory())
+def _detected_inventory(gpu_types: tuple[GpuType, ...]) -> tuple[Gpu, ...]:
+    return tuple(detect_inventory(gpu_types={t.slug: t for t in gpu_types}))
 
 
 @functools.cache
-def _allocator(db_path: str, inventory: tuple[Gpu, ...]) -> GpuAllocator:
-    return GpuAllocator(db_path, list(inventory))
+def _allocator(
+    db_path: str, inventory: tuple[Gpu, ...], gpu_types: tuple[GpuType, ...]
+) -> GpuAllocator:
+    return GpuAllocator(db_path, list(inventory), {t.slug: t for t in gpu_types})
 
 
 def environment_paths(prefix: str) -> list[str]:
@@ -627,6 +629,8 @@ class LocalGPUSpawner(CatalogOptions, LocalProcessSpawner):
     last_seen_alive = Int(None, allow_none=True)
     #: set when poll() finds the server dead: when it was last seen alive (None if unknown)
     exited_after = Int(None, allow_none=True)
+    #: set with it: found dead by a hub that never saw it alive (started since: a reboot)
+    exited_unseen = Bool(False)
     #: the server's cgroup folders (empty when it runs without limits)
     cgroup_dirs = List(Unicode())
     #: OOM kills its cgroups had counted when it started (a reused cgroup keeps its count)
@@ -636,14 +640,19 @@ class LocalGPUSpawner(CatalogOptions, LocalProcessSpawner):
 
     @property
     def inventory(self) -> tuple[Gpu, ...]:
+        gpu_types = self.catalog.types()
         if self.gpus is None:
-            return _detected_inventory()
-        return tuple(declared_inventory(self.gpus))
+            return _detected_inventory(tuple(gpu_types.values()))
+        return tuple(declared_inventory(self.gpus, gpu_types))
 
     @property
     def allocator(self) -> GpuAllocator:
         os.makedirs(self.data_dir, exist_ok=True)
-        return _allocator(os.path.join(self.data_dir, "gpu-allocations.sqlite"), self.inventory)
+        return _allocator(
+            os.path.join(self.data_dir, "gpu-allocations.sqlite"),
+            self.inventory,
+            tuple(self.catalog.types().values()),
+        )
 
     @property
     def owner_key(self) -> str:
@@ -1048,6 +1057,7 @@ class LocalGPUSpawner(CatalogOptions, LocalProcessSpawner):
             await self._signal(signal.SIGKILL)
         # found dead: billing charges it only until it was last seen running
         self.exited_after = self.last_seen_alive
+        self.exited_unseen = self.last_seen_alive is None
         # JupyterHub does not call stop() for a server it finds dead: release it here
         await self._release(self.pid)
         status = self.proc.poll() if self.proc is not None else 0

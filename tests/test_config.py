@@ -265,3 +265,39 @@ def test_samesite_cookies_keep_other_tornado_settings():
         "headers": {"X-Frame-Options": "DENY"},
         "cookie_options": {"samesite": "Lax"},
     }
+
+
+def test_the_schema_defaults_fill_the_site_config(tmp_path):
+    from meterhub.hub.config import SCHEMA, complete
+
+    site = complete({"auth": {"type": "github", "oauth": {"client_id": "x"}}}, cwd=str(tmp_path))
+    billing = SCHEMA["properties"]["billing"]["properties"]
+    assert site["billing"]["warn_minutes"] == billing["warn_minutes"]["default"] == [30, 10, 2]
+    assert site["auth"]["type"] == "github" and site["auth"]["enable_signup"] is True
+    assert site["auth"]["oauth"]["username_claim"] == "preferred_username"  # given: filled
+    assert "oauth" not in complete({})["auth"]  # a nested mapping is filled only when given
+    assert "https" not in site and "gpu_types" not in site  # no defaults: presence means something
+    assert site["profiles"] == {} and complete({"profiles": {"debug": {"cpu": 4}}})["profiles"] == {
+        "debug": {"cpu": 4, "memory_gib": 8}
+    }
+
+
+def test_the_schema_defaults_are_the_traits_defaults():
+    """One source: a trait's own default is what the schema says (the schema fills the config)."""
+    from meterhub.billing_hooks.settings import BillingSettings
+    from meterhub.hub.config import SCHEMA
+    from meterhub.spawner.catalog import Catalog
+
+    billing = SCHEMA["properties"]["billing"]["properties"]
+    settings = BillingSettings()
+    for key in ("currency", "trial_credit", "meter_interval_seconds", "min_minutes_to_start"):
+        assert getattr(settings, key) == billing[key]["default"], key
+    assert settings.warn_minutes == billing["warn_minutes"]["default"]
+    assert (settings.overdraft, settings.max_grant) == ("0", "100000")
+    assert (billing["overdraft"]["default"], billing["max_grant"]["default"]) == ("0", "100000")
+    debug = SCHEMA["definitions"]["debug_profile"]["properties"]
+    catalog = Catalog()
+    assert (catalog.debug_cpu, catalog.debug_memory_gib) == (
+        debug["cpu"]["default"],
+        debug["memory_gib"]["default"],
+    )

@@ -31,6 +31,46 @@ local:
   sandbox: bwrap
 ```
 
+## GPU types
+
+The built-in GPU types are `rtx4090` (RTX 4090), `a800` (A800) and `h800` (H800). A site adds
+its own, or overrides fields of a built-in one, under `gpu_types`; profiles, the spawn page,
+`meterhub render-k8s`, billing, GPU detection (NVML product names) and the Kubernetes node
+selectors all follow, with no code change:
+
+```yaml
+gpu_types:
+  l40s:                           # a new type: its slug names it everywhere
+    display_name: L40S
+    vram_gb: 48
+    price_per_hour: "3.20"        # per GPU-hour; profiles.l40s.price_per_hour may override it
+    cpu_per_gpu: 16
+    memory_gib_per_gpu: 96
+    product_patterns: [l40s]      # matched in NVML product names ("NVIDIA L40S")
+    node_product: NVIDIA-L40S     # the nvidia.com/gpu.product node label on Kubernetes
+  h800: {display_name: H800 NVLink, price_per_hour: "6.00"}   # a built-in, overridden
+gpus:
+  - {type: l40s, count: 4}
+```
+
+## jupyterhub_config.d: the escape hatch
+
+Anything the site config has no key for is set in Python, as in any JupyterHub: every
+`*.py` file in a folder `jupyterhub_config.d/` beside the site config file runs when
+`meterhub serve` starts, in sorted file-name order, with the traitlets config `c` in scope,
+after meterhub's own config (so it wins). Change meterhub's values in place rather than
+replace them, e.g. `c.JupyterHub.template_vars["announcement"] = "..."`. An error stops the
+start with the file and the line. The files are the hub's only: the billing service reads
+the site config alone, so prices and GPU types belong in the site config.
+
+```python
+# jupyterhub_config.d/50-timeouts.py
+c.Spawner.start_timeout = 300
+c.Spawner.http_timeout = 120
+```
+
+## Keys
+
 | key | type | default | description |
 | --- | --- | --- | --- |
 """
@@ -55,16 +95,30 @@ def _type(schema: dict, definitions: dict) -> str:
     return kind
 
 
+#: how the reference names the keys of a mapping whose keys are a site's own
+PLACEHOLDERS = {
+    "gpu_types": "<slug>",
+    "profiles": "<gpu type>",
+    "node_products": "<gpu type>",
+    "pass_capacity": "<gpu type>",
+}
+
+
 def rows(schema: dict, prefix: str = "", definitions: dict | None = None):
-    """Markdown table rows, one per key, nested keys as dotted paths."""
+    """Markdown table rows, one per key, nested keys as dotted paths; the keys of a mapping
+    of a site's own names (GPU types) as a placeholder."""
     definitions = SCHEMA["definitions"] if definitions is None else definitions
-    for key, sub in schema.get("properties", {}).items():
+    properties = dict(schema.get("properties", {}))
+    parent = prefix.rstrip(".").rsplit(".", 1)[-1]
+    if parent in PLACEHOLDERS and isinstance(schema.get("additionalProperties"), dict):
+        properties[PLACEHOLDERS[parent]] = schema["additionalProperties"]
+    for key, sub in properties.items():
         name = f"{prefix}{key}"
         resolved = _resolve(sub, definitions)
         default = f"`{json.dumps(sub['default'])}`" if "default" in sub else ""
         description = " ".join(sub.get("description", resolved.get("description", "")).split())
         yield f"| `{name}` | {_type(sub, definitions)} | {default} | {description} |"
-        if resolved.get("type") == "object" and "properties" in resolved:
+        if resolved.get("type") == "object" and ("properties" in resolved or key in PLACEHOLDERS):
             yield from rows(resolved, f"{name}.", definitions)
         items = resolved.get("items", {})
         if items.get("type") == "object":
