@@ -71,7 +71,17 @@ async def authorize_spawn(spawner) -> None:
         choice.label,
         choice.rate_per_hour,
     )
-    asyncio.ensure_future(_record_ready(spawner, ledger, auth.session_id))
+    _keep(asyncio.ensure_future(_record_ready(spawner, ledger, auth.session_id)))
+
+
+#: background tasks still running: the event loop keeps only weak references to tasks
+_TASKS: set[asyncio.Future] = set()
+
+
+def _keep(task: asyncio.Future) -> asyncio.Future:
+    _TASKS.add(task)
+    task.add_done_callback(_TASKS.discard)
+    return task
 
 
 async def _record_ready(spawner, ledger, session_id: int) -> None:
@@ -100,11 +110,15 @@ async def _record_ready(spawner, ledger, session_id: int) -> None:
 
 async def settle_stop(spawner) -> None:
     """Close the server's sessions: at the stop, or, for a server the hub found dead, when
-    it was last seen running (a backend that knows sets `exited_after`)."""
+    it was last seen running (a backend that knows sets `exited_after`; one that found it
+    dead without having seen it alive sets `exited_unseen`: the meter's last sight counts)."""
     died = getattr(spawner, "exited_after", None)
+    unseen = bool(getattr(spawner, "exited_unseen", False))
     try:
         ledger = await _settings(spawner).ledger_async()
-        closed = await asyncio.to_thread(ledger.close_server, spawner.user.name, spawner.name, died)
+        closed = await asyncio.to_thread(
+            ledger.close_server, spawner.user.name, spawner.name, died, at_last_seen=unseen
+        )
     except DBAPIError:
         # the meter closes it once the database is back (the server is gone from the hub)
         spawner.log.exception("Ledger database error settling %s", spawner._log_name)
@@ -145,7 +159,7 @@ def register_trial_credit(config) -> None:
                     "Could not open %s's wallet with trial credit: %s", name, task.exception()
                 )
 
-        asyncio.ensure_future(asyncio.to_thread(trial)).add_done_callback(report)
+        _keep(asyncio.ensure_future(asyncio.to_thread(trial))).add_done_callback(report)
 
     event.listen(orm.User, "after_insert", created)
 

@@ -41,6 +41,9 @@ MAX_PAGES = 1000
 #: the rest wait for the next pass, uncharged meanwhile (the next window covers the gap)
 MAX_CONFIRMATIONS = 200
 
+#: the meter is unhealthy once this many intervals pass without a completed pass
+UNHEALTHY_AFTER_INTERVALS = 3
+
 #: reconciliation kinds (the column holds 16 characters)
 MISSED = "missed-listing"  # absent from the listing, the hub says it runs: kept
 VANISHED = "closed-vanished"  # absent from the listing and from the user: closed
@@ -159,6 +162,25 @@ class Meter:
         #: a wallet with credit for at least this many seconds is warned of nothing
         self._quiet_seconds = (self.warn_minutes[0] * 60 if self.warn_minutes else 0) + 1
         self.clock = clock
+        self.started_at = clock()
+        #: when the last pass completed (None: none yet); what the health check reads
+        self.last_pass_at: int | None = None
+
+    def health(self, now: int | None = None) -> dict:
+        """Whether a pass completed within the last UNHEALTHY_AFTER_INTERVALS intervals
+        (counted from start-up before the first pass), with the facts an operator needs."""
+        now = self.clock() if now is None else now
+        since = self.last_pass_at if self.last_pass_at is not None else self.started_at
+        limit = UNHEALTHY_AFTER_INTERVALS * self.interval_seconds
+        return {
+            "ok": now - since < limit,
+            "last_pass_at": self.last_pass_at,
+            "seconds_since_pass": now - since,
+            "unhealthy_after_seconds": limit,
+        }
+
+    def healthy(self, now: int | None = None) -> bool:
+        return self.health(now)["ok"]
 
     async def run_forever(self) -> None:
         while True:
@@ -183,6 +205,7 @@ class Meter:
             log.warning("Stopping %s/%s: out of credit", user, server_name)
             await self.hub.stop_server(user, server_name)
         await self._stop_unbilled(listed, open_rows, result)
+        self.last_pass_at = self.clock()
         return result
 
     async def _confirm_absent(

@@ -10,6 +10,7 @@ from __future__ import annotations
 import getpass
 import os
 import sys
+import time
 import uuid
 from decimal import Decimal
 
@@ -254,6 +255,42 @@ def upgrade_db(args) -> int:
     return 0
 
 
+def migrate(args) -> int:
+    from meterhub.billing_hooks.db import connect
+    from meterhub.billing_hooks.migrate import MigrationError
+    from meterhub.billing_hooks.migrate import migrate as copy_ledger
+
+    _c, settings = _load(args)
+    source_url, target_url = settings.db_url, args.to
+    if source_url.startswith("sqlite:///") and not os.path.isfile(source_url[len("sqlite:///") :]):
+        raise CliError(f"no billing database at {_shown_url(source_url)}: nothing to migrate")
+    try:
+        same = make_url(target_url) == make_url(source_url)
+    except SQLAlchemyError:
+        raise CliError(f"--to: not a database URL: {target_url!r}") from None
+    if same:
+        raise CliError("--to is the configured billing database itself")
+    source = connect(source_url, create=False, config_hint=_config_hint(args))
+    try:
+        result = copy_ledger(source, target_url, int(time.time()))
+    except MigrationError as e:
+        raise CliError(f"{_shown_url(target_url)}: {e}") from None
+    finally:
+        source.dispose()
+    for table, rows in result.rows.items():
+        print(f"{table:<16} {rows:>9} rows copied")
+    print(
+        f"audit and {result.wallets} balances identical"
+        f" ({len(result.audit)} violation(s) on both sides)"
+    )
+    print(f"now set billing.db_url to {_shown_url(target_url)} and start the hub")
+    return 0
+
+
+def _config_hint(args) -> str:
+    return f" --config {args.config}" if args.config else ""
+
+
 def service(args) -> int:
     from meterhub.billing_hooks.service import main
 
@@ -318,6 +355,14 @@ def add_commands(commands) -> None:
     billing.add_parser(
         "upgrade-db", help="migrate the billing database to the current schema"
     ).set_defaults(func=upgrade_db)
+    move = billing.add_parser(
+        "migrate",
+        help="copy the ledger into another, empty database (e.g. SQLite to PostgreSQL)",
+        description="Stop the hub first. Every table is copied with its ids and checked; then"
+        " set billing.db_url to the target. A target that holds a ledger is refused.",
+    )
+    move.add_argument("--to", required=True, metavar="URL", help="SQLAlchemy URL of the target")
+    move.set_defaults(func=migrate)
     billing.add_parser("service", help="run the billing service (the hub starts it)").set_defaults(
         func=service
     )
