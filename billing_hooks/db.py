@@ -1,20 +1,27 @@
 """Ledger database connections: SQLite (WAL) by default, PostgreSQL through psycopg 3.
 
 The schema is owned by alembic. `connect()` refuses a database whose schema is not at the
-current revision and says the exact command that upgrades it.
+current revision and says the exact command that upgrades it. `python -m
+meterhub.billing_hooks.db` waits for that revision instead (the billing pod's init container
+on Kubernetes, while the Helm chart's upgrade Job runs the migration).
 """
 
 from __future__ import annotations
 
 import os
+import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 from alembic import command
 from alembic.config import Config as AlembicConfig
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
+from alembic.util.exc import CommandError
 from sqlalchemy import create_engine, event
 from sqlalchemy.engine import Engine
+from sqlalchemy.exc import SQLAlchemyError
 
 MIGRATIONS = str(Path(__file__).parent / "migrations")
 
@@ -53,7 +60,7 @@ def alembic_config(db_url: str) -> AlembicConfig:
     return cfg
 
 
-def head_revision() -> str:
+def head_revision() -> str | None:
     return ScriptDirectory.from_config(alembic_config("sqlite://")).get_current_head()
 
 
@@ -90,3 +97,75 @@ def _is_empty(engine: Engine) -> bool:
     from sqlalchemy import inspect
 
     return not inspect(engine).get_table_names()
+
+
+def schema_problem(engine: Engine) -> str | None:
+    """Why this meterhub cannot use the ledger yet (None: it can: at head, or empty, which
+    `connect()` creates at head)."""
+    current = current_revision(engine)
+    head = head_revision()
+    if current == head or (current is None and _is_empty(engine)):
+        return None
+    scripts = ScriptDirectory.from_config(alembic_config("sqlite://"))
+    try:
+        unknown = current is not None and scripts.get_revision(current) is None
+    except CommandError:  # "No such revision"
+        unknown = True
+    if unknown:
+        return (
+            f"the ledger is at schema revision {current}, which this meterhub ({head}) does"
+            " not know: a newer meterhub migrated it. Upgrade meterhub again, or restore the"
+            " ledger backup taken before that upgrade (docs/kubernetes.md, Rollback)"
+        )
+    return (
+        f"the ledger is at schema revision {current or 'none'}, this meterhub needs {head}:"
+        " waiting for `meterhub billing upgrade-db` (the Helm chart's upgrade Job runs it)"
+    )
+
+
+def wait_for_schema(
+    db_url: str,
+    interval_seconds: float = 5.0,
+    log_every: int = 12,
+    max_checks: int | None = None,
+    sleep: Callable[[float], None] = time.sleep,
+    log: Callable[[str], None] = print,
+) -> bool:
+    """Check every `interval_seconds` until the ledger is usable; True then. Says why it
+    waits when that changes and every `log_every` checks; a database that does not answer is
+    one more reason to wait. False after `max_checks` checks (None: never gives up)."""
+    engine = make_engine(db_url)
+    last, checks = None, 0
+    try:
+        while True:
+            try:
+                problem = schema_problem(engine)
+            except SQLAlchemyError as e:
+                # the driver's message names the host, never the password
+                problem = f"the ledger database does not answer: {getattr(e, 'orig', e)}"
+            if problem is None:
+                log(f"the ledger is at schema revision {head_revision()}")
+                return True
+            checks += 1
+            if problem != last or checks % log_every == 0:
+                log(problem)
+                last = problem
+            if max_checks is not None and checks >= max_checks:
+                return False
+            sleep(interval_seconds)
+    finally:
+        engine.dispose()
+
+
+def main() -> int:
+    """Wait for $METERHUB_DB_URL's ledger to be at this meterhub's schema."""
+    db_url = os.environ.get("METERHUB_DB_URL")
+    if not db_url:
+        print("METERHUB_DB_URL is not set", file=sys.stderr)
+        return 2
+    wait_for_schema(db_url, log=lambda line: print(line, flush=True))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -13,6 +13,7 @@ import pytest
 import yaml
 from traitlets.config import Config
 
+from meterhub.billing_hooks.settings import pass_capacity
 from meterhub.hub.config import load_site_config
 from meterhub.hub.k8s import configure
 from tools import helm_schema
@@ -84,7 +85,6 @@ def test_values_schema_is_closed_and_described():
     "values, message",
     [
         ({"billing": {"databse": {}}}, "additional properties 'databse' not allowed"),
-        ({"site": {"profiles": {"a100": {}}}}, "a100"),
         ({"site": {"kubernetes": {"disk_size": "20GB"}}}, "disk_size"),
         ({"site": {"profiles": {"a800": {"price_per_hour": -1}}}}, "price_per_hour"),
         ({"public": {"claimName": "Not_A_Name"}}, "claimName"),
@@ -119,6 +119,10 @@ def test_default_objects(chart):
         ("Service", "meterhub-billing"),
         ("NetworkPolicy", "meterhub-billing"),
         ("PersistentVolumeClaim", "meterhub-public"),
+        # hooks: the schema upgrade before an install or upgrade
+        ("ConfigMap", "meterhub-upgrade-db"),
+        ("Secret", "meterhub-upgrade-db"),
+        ("Job", "meterhub-upgrade-db"),
     }
     assert found[("Secret", "meterhub-database")]["stringData"] == {
         "url": "postgresql://meter:secret@ledger-db/ledger"
@@ -207,6 +211,19 @@ def test_nfs_pool_and_an_existing_database_secret(chart):
             merged(DB, {"public": {"nfs": {"enabled": True}}}),
             "public.nfs.server is required",
         ),
+        # GPU types: the schema cannot list them (site.gpu_types adds some)
+        (
+            merged(DB, {"site": {"profiles": {"a100": {}}}}),
+            "site.profiles.a100: unknown GPU type (known: a800, h800, rtx4090)",
+        ),
+        (
+            merged(DB, {"site": {"kubernetes": {"pass_capacity": {"l40s": 4}}}}),
+            "site.kubernetes.pass_capacity.l40s: unknown GPU type",
+        ),
+        (
+            merged(DB, {"site": {"kubernetes": {"node_products": {"v100": ["x"]}}}}),
+            "site.kubernetes.node_products.v100: unknown GPU type",
+        ),
     ],
 )
 def test_incomplete_values_fail_with_the_key_to_set(chart, values, message):
@@ -223,6 +240,7 @@ def test_the_site_configmap_is_a_valid_kubernetes_site_config(chart, tmp_path):
             "site": {
                 "profiles": {"h800": {"allowed_groups": ["lab-a"], "price_per_hour": "7.20"}},
                 "billing": {"trial_credit": "5.00"},
+                "kubernetes": {"pass_capacity": {"a800": 16}},
             },
         },
     )
@@ -239,6 +257,7 @@ def test_the_site_configmap_is_a_valid_kubernetes_site_config(chart, tmp_path):
     assert c.Catalog.allowed_groups == {"h800": ["lab-a"]}
     assert c.Catalog.prices == {"h800": "7.20"}
     assert c.BillingSettings.trial_credit == "5.00"
+    assert pass_capacity(c) == {"a800": 16}  # the hub's; the billing service reads the same
 
 
 def test_the_hub_extra_config_in_values_runs(tmp_path, monkeypatch):
@@ -394,3 +413,184 @@ def test_local_only_site_keys_fail_the_render(chart, key):
     with pytest.raises(helm.HelmError) as e:
         chart.render(merged(DB, {"site": {key: value}}), name="gpu", namespace="gpu-lab")
     assert f"site.{key}: only used by the local backend" in str(e.value)
+
+
+HOOK = "meterhub-upgrade-db"
+EXISTING = merged(
+    {"billing": {"database": {"existingSecret": "ledger-db-app", "secretKey": "uri"}}},
+    {
+        "jupyterhub": {
+            "hub": {
+                "extraEnv": {
+                    "METERHUB_DB_URL": {
+                        "valueFrom": {"secretKeyRef": {"name": "ledger-db-app", "key": "uri"}}
+                    }
+                }
+            }
+        }
+    },
+)
+
+
+def _pod(obj: dict) -> dict:
+    return obj["spec"]["template"]["spec"]
+
+
+def _env(container: dict) -> dict:
+    return {e["name"]: e for e in container["env"]}
+
+
+def test_the_upgrade_hook_job_runs_upgrade_db_before_anything_starts(chart):
+    values = merged(
+        DB,
+        {
+            "billing": {
+                "image": {"pullSecrets": ["registry-cred"]},
+                "nodeSelector": {"pool": "cpu"},
+            },
+            "site": {"billing": {"trial_credit": "5.00"}},
+        },
+    )
+    found = by_kind(objects(chart, values))
+    job = found[("Job", HOOK)]
+    hook_annotations = {
+        "helm.sh/hook": "pre-install,pre-upgrade",
+        "helm.sh/hook-delete-policy": "before-hook-creation,hook-succeeded",
+    }
+    # the config and the URL exist before the Job (a lower weight): on an install the
+    # release's own do not exist yet when hooks run
+    for kind, weight in (("ConfigMap", "-5"), ("Secret", "-5"), ("Job", "0")):
+        annotations = found[(kind, HOOK)]["metadata"]["annotations"]
+        assert annotations == {**hook_annotations, "helm.sh/hook-weight": weight}
+    pod = _pod(job)
+    (container,) = pod["containers"]
+    assert container["command"] == [
+        "meterhub", "billing", "upgrade-db", "--config", "/etc/meterhub/meterhub.yaml",
+    ]  # fmt: skip
+    assert pod["restartPolicy"] == "Never"
+    # what the billing service runs with: image, pod and container security, pull secrets,
+    # node selector, resources, the site config mounted where it reads it
+    billing = _pod(found[("Deployment", "meterhub-billing")])
+    (service,) = billing["containers"]
+    for key in ("image", "imagePullPolicy", "securityContext", "resources", "volumeMounts"):
+        assert container[key] == service[key], key
+    assert container["image"] == "ghcr.io/meterhub/hub:0.1.0"
+    for key in ("securityContext", "imagePullSecrets", "nodeSelector"):
+        assert pod[key] == billing[key], key
+    assert pod["automountServiceAccountToken"] is False
+    # the same site config and database URL, in the hook's copies
+    assert pod["volumes"] == [{"name": "site", "configMap": {"name": HOOK}}]
+    assert (
+        found[("ConfigMap", HOOK)]["data"]["meterhub.yaml"]
+        == found[("ConfigMap", "meterhub-site")]["data"]["meterhub.yaml"]
+    )
+    assert _env(container)["METERHUB_DB_URL"]["valueFrom"]["secretKeyRef"] == {
+        "name": HOOK,
+        "key": "url",
+    }
+    assert found[("Secret", HOOK)]["stringData"] == found[("Secret", "meterhub-database")][
+        "stringData"]  # fmt: skip
+    # its pods are not the billing Service's
+    selector = found[("Service", "meterhub-billing")]["spec"]["selector"]
+    labels = job["spec"]["template"]["metadata"]["labels"]
+    assert not selector.items() <= labels.items()
+
+
+def test_the_upgrade_hook_job_reads_an_existing_secret_itself(chart):
+    found = by_kind(objects(chart, EXISTING))
+    assert ("Secret", HOOK) not in found and ("Secret", "meterhub-database") not in found
+    (container,) = _pod(found[("Job", HOOK)])["containers"]
+    billing = _pod(found[("Deployment", "meterhub-billing")])["containers"][0]
+    assert _env(container)["METERHUB_DB_URL"] == _env(billing)["METERHUB_DB_URL"]
+    assert _env(container)["METERHUB_DB_URL"]["valueFrom"]["secretKeyRef"] == {
+        "name": "ledger-db-app",
+        "key": "uri",
+    }
+    for version in KUBERNETES_VERSIONS:
+        for obj in found.values():
+            kubernetes_validate.validate(obj, version, strict=True)
+
+
+def test_the_billing_pod_waits_for_the_schema_instead_of_crash_looping(chart):
+    pod = _pod(by_kind(objects(chart, DB))[("Deployment", "meterhub-billing")])
+    (wait,) = pod["initContainers"]
+    (service,) = pod["containers"]
+    assert wait["command"] == ["python3", "-m", "meterhub.billing_hooks.db"]
+    assert _env(wait)["METERHUB_DB_URL"] == _env(service)["METERHUB_DB_URL"]
+    for key in ("image", "securityContext", "volumeMounts"):
+        assert wait[key] == service[key], key
+
+
+def test_the_hook_job_and_the_init_container_upgrade_and_release_a_ledger(
+    chart, tmp_path, monkeypatch, capsys
+):
+    """What the pods run, here on a SQLite ledger left at the first schema revision: the
+    billing pod's init container waits; the hook Job's command migrates; then it goes on."""
+    from alembic import command
+
+    from meterhub.billing_hooks import db
+    from meterhub.hub.cli import main
+
+    found = by_kind(objects(chart, DB))
+    site = tmp_path / "meterhub.yaml"
+    site.write_text(found[("ConfigMap", HOOK)]["data"]["meterhub.yaml"])
+    url = f"sqlite:///{tmp_path}/ledger.sqlite"
+    command.upgrade(db.alembic_config(url), "0001")
+    monkeypatch.setenv("METERHUB_DB_URL", url)
+    lines: list[str] = []
+    sleeps: list[float] = []
+    assert not db.wait_for_schema(url, max_checks=3, sleep=sleeps.append, log=lines.append)
+    assert sleeps == [5.0, 5.0] and len(lines) == 1  # said once, not every check
+    assert "waiting for `meterhub billing upgrade-db`" in lines[0]
+
+    (job,) = _pod(found[("Job", HOOK)])["containers"]
+    argv = [a.replace("/etc/meterhub/meterhub.yaml", str(site)) for a in job["command"]]
+    assert argv[0] == "meterhub"
+    assert main(argv[1:]) == 0
+    assert "billing database is at the current schema" in capsys.readouterr().out
+    assert db.wait_for_schema(url, max_checks=1, sleep=sleeps.append, log=lines.append)
+    # a ledger a newer meterhub migrated (a rollback without restoring it): wait, and say so
+    engine = db.make_engine(url)
+    with engine.begin() as conn:
+        conn.exec_driver_sql("UPDATE alembic_version SET version_num = '9999'")
+    engine.dispose()
+    lines.clear()
+    assert not db.wait_for_schema(url, max_checks=1, sleep=sleeps.append, log=lines.append)
+    assert "restore the ledger backup" in lines[0]
+
+
+def test_chart_lock_is_in_step_with_chart_yaml():
+    """`helm dependency build` refuses a Chart.lock whose digest is not Helm's hash of
+    Chart.yaml's dependencies and the locked ones (resolver.HashReq: sha256 of the JSON of
+    both lists)."""
+    import hashlib
+    import json
+
+    deps = yaml.safe_load((CHART / "Chart.yaml").read_text())["dependencies"]
+    lock = yaml.safe_load((CHART / "Chart.lock").read_text())
+    fields = ("name", "version", "repository")
+    requested = [{key: d[key] for key in fields} for d in deps]
+    locked = [{key: d[key] for key in fields} for d in lock["dependencies"]]
+    assert locked == requested  # pinned: the lock resolves to the same exact version
+    data = json.dumps([requested, locked], separators=(",", ":"))
+    assert lock["digest"] == "sha256:" + hashlib.sha256(data.encode()).hexdigest()
+
+
+def test_the_database_ca_is_mounted_in_every_billing_pod(chart):
+    values = merged(EXISTING, {"billing": {"database": {"caSecret": "ledger-db-ca"}}})
+    found = by_kind(objects(chart, values))
+    mount = {"name": "database-ca", "mountPath": "/etc/meterhub-db-ca", "readOnly": True}
+    volume = {
+        "name": "database-ca",
+        "secret": {"secretName": "ledger-db-ca", "items": [{"key": "ca.crt", "path": "ca.crt"}]},
+    }
+    deployment = _pod(found[("Deployment", "meterhub-billing")])
+    job = _pod(found[("Job", HOOK)])
+    for pod in (deployment, job):
+        assert volume in pod["volumes"]
+        for container in pod.get("initContainers", []) + pod["containers"]:
+            assert mount in container["volumeMounts"]
+    for obj in found.values():
+        kubernetes_validate.validate(obj, KUBERNETES_VERSIONS[0], strict=True)
+    default = _pod(by_kind(objects(chart, DB))[("Deployment", "meterhub-billing")])
+    assert [v["name"] for v in default["volumes"]] == ["site"]

@@ -54,6 +54,12 @@
 {{- include "meterhub.fullname" . }}-site
 {{- end }}
 
+{{/* The pre-install/pre-upgrade Job running `meterhub billing upgrade-db`, and its copies of
+    the site ConfigMap and the database Secret (hooks run before the release's own exist) */}}
+{{- define "meterhub.upgradeDb.fullname" -}}
+{{- include "meterhub.fullname" . }}-upgrade-db
+{{- end }}
+
 {{/* The billing Service as the hub and user pods reach it */}}
 {{- define "meterhub.billing.url" -}}
 {{- printf "http://%s:8082" (include "meterhub.billing.fullname" .) -}}
@@ -80,6 +86,88 @@ app.kubernetes.io/component: meterhub-billing
 {{- .Values.billing.database.existingSecret | default (printf "%s-database" (include "meterhub.fullname" .)) -}}
 {{- end }}
 
+{{/* The database Secret the upgrade Job reads: the operator's, which exists before the
+    release; else the hook copy of the chart's own (created after the hooks on an install) */}}
+{{- define "meterhub.upgradeDb.secret" -}}
+{{- .Values.billing.database.existingSecret | default (include "meterhub.upgradeDb.fullname" .) -}}
+{{- end }}
+
+{{/* The billing image: the hub image, which carries the `meterhub` command. */}}
+{{- define "meterhub.billing.image" -}}
+{{- printf "%s:%s" .Values.billing.image.name .Values.billing.image.tag | quote -}}
+{{- end }}
+
+{{/* What every billing pod (the service, its init container, the upgrade Job) runs as. */}}
+{{- define "meterhub.billing.podSecurity" -}}
+automountServiceAccountToken: false
+{{- with .Values.billing.image.pullSecrets }}
+imagePullSecrets:
+  {{- range . }}
+  - name: {{ . | quote }}
+  {{- end }}
+{{- end }}
+securityContext:
+  runAsNonRoot: true
+  runAsUser: {{ .Values.billing.uid }}
+  runAsGroup: {{ .Values.billing.uid }}
+  seccompProfile:
+    type: RuntimeDefault
+{{- with .Values.billing.nodeSelector }}
+nodeSelector:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- end }}
+
+{{/* A billing container's image, security context, resources and site config mount. */}}
+{{- define "meterhub.billing.container" -}}
+image: {{ include "meterhub.billing.image" . }}
+imagePullPolicy: {{ .Values.billing.image.pullPolicy }}
+securityContext:
+  allowPrivilegeEscalation: false
+  capabilities:
+    drop: [ALL]
+{{- with .Values.billing.resources }}
+resources:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+volumeMounts:
+  - name: site
+    mountPath: /etc/meterhub
+    readOnly: true
+  {{- if .Values.billing.database.caSecret }}
+  - name: database-ca
+    mountPath: /etc/meterhub-db-ca
+    readOnly: true
+  {{- end }}
+{{- end }}
+
+{{/* A billing pod's volumes: the site config (the argument's ConfigMap) and the database CA. */}}
+{{- define "meterhub.billing.volumes" -}}
+{{- $ := index . 0 -}}
+- name: site
+  configMap:
+    name: {{ index . 1 }}
+{{- with $.Values.billing.database.caSecret }}
+# only the certificate: a CA Secret may hold the CA's key too (CloudNativePG's does)
+- name: database-ca
+  secret:
+    secretName: {{ . | quote }}
+    items:
+      - key: ca.crt
+        path: ca.crt
+{{- end }}
+{{- end }}
+
+{{/* The METERHUB_DB_URL env entry from a Secret: (list $ "the Secret's name"). */}}
+{{- define "meterhub.database.env" -}}
+{{- $ := index . 0 -}}
+- name: METERHUB_DB_URL
+  valueFrom:
+    secretKeyRef:
+      name: {{ index . 1 | quote }}
+      key: {{ $.Values.billing.database.secretKey | quote }}
+{{- end }}
+
 {{/* Site-config keys that only mean something on the local backend, and what to use instead. */}}
 {{- define "meterhub.site.localOnly" -}}
 auth: "the authenticator is z2jh's: set jupyterhub.hub.config (e.g. hub.config.JupyterHub.authenticator_class)"
@@ -93,6 +181,16 @@ data_dir: "the ledger is billing.database and the hub's own database is jupyterh
 {{- range $key, $instead := include "meterhub.site.localOnly" . | fromYaml }}
 {{- if hasKey $.Values.site $key }}
 {{- fail (printf "site.%s: only used by the local backend; %s" $key $instead) }}
+{{- end }}
+{{- end }}
+{{- /* keys naming a GPU type: the schema cannot list the types (a site adds its own) */ -}}
+{{- $types := concat (list "rtx4090" "a800" "h800") (keys (.Values.site.gpu_types | default dict)) | uniq | sortAlpha -}}
+{{- $kube := .Values.site.kubernetes | default dict -}}
+{{- range $where, $named := dict "profiles" (omit (.Values.site.profiles | default dict) "debug") "kubernetes.node_products" ($kube.node_products | default dict) "kubernetes.pass_capacity" ($kube.pass_capacity | default dict) }}
+{{- range $slug, $_ := $named }}
+{{- if not (has $slug $types) }}
+{{- fail (printf "site.%s.%s: unknown GPU type (known: %s)" $where $slug (join ", " $types)) }}
+{{- end }}
 {{- end }}
 {{- end }}
 {{- $site := deepCopy .Values.site -}}
