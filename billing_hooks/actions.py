@@ -36,7 +36,8 @@ class ActionError(Exception):
 
 def check_key(key: object) -> str:
     """An idempotency key: 1 to 120 printable ASCII characters (checked before anything
-    else is looked at)."""
+    else is looked at). One key names one request of one source (API, page, CLI), whatever
+    its kind: the same key for a grant and then an adjustment is a conflict."""
     if (
         not isinstance(key, str)
         or not 0 < len(key) <= MAX_KEY
@@ -51,6 +52,8 @@ def check_key(key: object) -> str:
 def _text(value: object, field: str, required: bool = False) -> str:
     if not isinstance(value, str) or len(value) > MAX_NOTE:
         raise ActionError(400, f"{field}: must be text of at most {MAX_NOTE} characters")
+    if any(ord(ch) < 32 and ch not in "\t\n" or 0xD800 <= ord(ch) < 0xE000 for ch in value):
+        raise ActionError(400, f"{field}: must not hold control characters")
     if required and not value.strip():
         raise ActionError(400, f"{field}: must not be empty")
     return value
@@ -78,7 +81,7 @@ def grant(
     micros = _amount(amount, "amount", max_grant)
     note = _text(note, "note")
     try:
-        return ledger.grant(user, micros, f"grant:{source}:{key}", note, actor=actor)
+        return ledger.grant(user, micros, f"{source}:{key}", note, actor=actor)
     except KeyConflict:
         raise ActionError(409, "That key was already used for a different grant") from None
 
@@ -91,7 +94,7 @@ def adjust(
     micros = _amount(amount, "amount", max_grant, signed=True)
     reason = _text(reason, "reason", required=True)
     try:
-        return ledger.adjust(user, micros, f"adjustment:{source}:{key}", reason, actor)
+        return ledger.adjust(user, micros, f"{source}:{key}", reason, actor)
     except KeyConflict:
         raise ActionError(409, "That key was already used for a different adjustment") from None
     except LedgerError as e:
@@ -116,7 +119,7 @@ def refund(
     if ledger.session(session_id) is None:
         raise ActionError(404, f"No session {session_id}")
     try:
-        return ledger.refund(session_id, micros, f"refund:{source}:{key}", reason, actor)
+        return ledger.refund(session_id, micros, f"{source}:{key}", reason, actor)
     except KeyConflict:
         raise ActionError(409, "That key was already used for a different refund") from None
     except LedgerError as e:
@@ -176,7 +179,7 @@ def buy_pass(
             period,
             to_micros(price),
             PASS_PERIODS[period][0],
-            f"pass:{source}:{key}",
+            f"{source}:{key}",
             choice.label,
             actor=actor,
             capacity=None if capacity is None else capacity.get(choice.profile.slug, 0),
@@ -193,7 +196,11 @@ def usage_rows(ledger: Ledger, user: str) -> list[tuple]:
     """(session, profile label, started, stopped or "", seconds, cost in micros), oldest first."""
     rows = []
     for session, cost in ledger.sessions_with_cost(user):
-        seconds = (session.metered_through - session.ready_at) if session.ready_at else 0
+        if session.ready_at:
+            assert session.metered_through is not None  # set together with ready_at
+            seconds = session.metered_through - session.ready_at
+        else:
+            seconds = 0
         label = (
             session.profile if session.profile == "debug" else f"{session.gpus}x{session.profile}"
         )

@@ -18,6 +18,7 @@ import functools
 import inspect
 import json
 import uuid
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from decimal import Decimal
 from functools import cache
@@ -76,7 +77,7 @@ def _time(epoch: int | None) -> str | None:
     return None if epoch is None else datetime.fromtimestamp(epoch, UTC).isoformat()
 
 
-def wallet_json(ledger: Ledger, user: str, warn_minutes: list[int] = ()) -> dict | None:
+def wallet_json(ledger: Ledger, user: str, warn_minutes: Sequence[int] = ()) -> dict | None:
     """A user's wallet as the API, the pages and JupyterLab show it (blocking)."""
     balance = ledger.balance(user)
     if balance is None:
@@ -86,7 +87,7 @@ def wallet_json(ledger: Ledger, user: str, warn_minutes: list[int] = ()) -> dict
     seconds = seconds_covered(balance + ledger.overdraft_micros, rate)
     currency = ledger.currency
     summary = f"{format_money(balance, currency)}"
-    if rate:
+    if rate and seconds is not None:
         summary += f" · {format_money(rate, currency)}/h · {format_duration(seconds)} left"
     return {
         "user": user,
@@ -112,10 +113,16 @@ def _session_json(session: MeteredSession, cost: int) -> dict:
         "started": _time(session.started_at),
         "ready": _time(session.ready_at),
         "stopped": _time(session.stopped_at),
-        "seconds": (session.metered_through - session.ready_at) if session.ready_at else 0,
+        "seconds": _metered_seconds(session),
         "cost": _money(cost),
         "cost_micros": cost,
     }
+
+
+def _metered_seconds(session: MeteredSession) -> int:
+    if session.ready_at is None or session.metered_through is None:
+        return 0
+    return session.metered_through - session.ready_at
 
 
 def usage_json(ledger: Ledger, user: str, limit: int) -> list[dict]:
@@ -165,6 +172,16 @@ def _strict_int(text: str) -> int:
     if len(text.lstrip("-")) > MAX_INT_DIGITS:
         raise ValueError(f"a number of more than {MAX_INT_DIGITS} digits")
     return int(text)
+
+
+def _no_duplicates(pairs: list[tuple[str, object]]) -> dict:
+    """An object whose keys are unique: with two "amount"s, which one was meant?"""
+    body: dict = {}
+    for key, value in pairs:
+        if key in body:
+            raise ValueError(f"the key {key[:40]!r} appears twice")
+        body[key] = value
+    return body
 
 
 def _no_constant(name: str):
@@ -229,7 +246,13 @@ class BillingHandler(HubOAuthenticated, web.RequestHandler):
         if rule is None or rule == PUBLIC:
             return  # a method without a rule is tornado's 405 (with Allow, see write_error)
         try:
-            model = await self.hub_auth.get_user(self, sync=False)
+            token = self.hub_auth.get_token(self, in_cookie=False)
+            if token and self.request.method != "GET":
+                # money moves: ask the hub now (a cached answer would let a revoked token
+                # act for minutes)
+                model = await self.hub_auth.user_for_token(token, use_cache=False, sync=False)
+            else:
+                model = await self.hub_auth.get_user(self, sync=False)
             self._hub_auth_user_cache = self.check_hub_user(model) if model else None
         except UserNotAllowed:
             self._hub_auth_user_cache = None
@@ -254,7 +277,7 @@ class BillingHandler(HubOAuthenticated, web.RequestHandler):
         kind = model.get("kind", "user")
         return model["name"] if kind == "user" else f"{kind}:{model['name']}"
 
-    def owns(self, name: str) -> bool:
+    def owns(self, name: str | None) -> bool:
         model = self.current_user or {}
         return model.get("kind", "user") == "user" and model.get("name") == name
 
@@ -294,11 +317,16 @@ class BillingHandler(HubOAuthenticated, web.RequestHandler):
                 raw.decode("utf-8") if raw else "{}",
                 parse_int=_strict_int,
                 parse_constant=_no_constant,
+                object_pairs_hook=_no_duplicates,
             )
         except (ValueError, RecursionError) as e:
             raise web.HTTPError(400, "Malformed JSON: %s", str(e)[:200]) from None
         if not isinstance(body, dict):
             raise web.HTTPError(400, "Expected a JSON object")
+        try:
+            json.dumps(body, ensure_ascii=False).encode("utf-8")
+        except UnicodeEncodeError:
+            raise web.HTTPError(400, "Malformed JSON: text with a lone surrogate") from None
         schema = request_schema(self.path, self.request.method.lower())
         error = jsonschema.exceptions.best_match(
             jsonschema.Draft7Validator(schema).iter_errors(body)
@@ -346,7 +374,13 @@ class HealthHandler(BillingHandler):
     access = {"GET": PUBLIC}
 
     def get(self):
-        self.send({"ok": True})
+        meter = self.settings.get("meter")
+        if meter is None:  # an app without a meter: up is healthy
+            self.send({"ok": True})
+            return
+        health = meter.health()
+        # 503 once the meter has not completed a pass for three intervals: nothing is charged
+        self.send({"ok": health["ok"], "meter": health}, status=200 if health["ok"] else 503)
 
 
 class OpenAPIHandler(BillingHandler):
@@ -354,6 +388,11 @@ class OpenAPIHandler(BillingHandler):
 
     async def get(self):
         self.send(openapi(self.settings["prefix"], await self.catalog()))
+
+
+async def _wallet(handler: BillingHandler, name: str) -> dict | None:
+    warn = handler.settings.get("warn_minutes", [])
+    return await asyncio.to_thread(wallet_json, handler.ledger, name, warn)
 
 
 class MeHandler(BillingHandler):
@@ -365,21 +404,17 @@ class MeHandler(BillingHandler):
             raise web.HTTPError(400, "Use /users/<name>/wallet with a service token")
         name = model["name"]
         await asyncio.to_thread(self.ledger.ensure_user, name)
-        self.send(await self._wallet(name))
-
-    async def _wallet(self, name: str) -> dict:
-        warn = self.settings.get("warn_minutes", [])
-        return await asyncio.to_thread(wallet_json, self.ledger, name, warn)
+        self.send(await _wallet(self, name))
 
 
-class WalletHandler(MeHandler):
+class WalletHandler(BillingHandler):
     access = {"GET": OWN}
 
     async def get(self, name):
         await self.authorize(name)
         if self.owns(name):
             await asyncio.to_thread(self.ledger.ensure_user, name)
-        wallet = await self._wallet(name)
+        wallet = await _wallet(self, name)
         if wallet is None:
             raise web.HTTPError(404, "%s has no wallet yet (they have not signed in)", name)
         self.send(wallet)
@@ -440,7 +475,8 @@ class EntryHandler(BillingHandler):
     idempotency key: a grant, an adjustment or a refund."""
 
     access = {"POST": ADMIN}
-    action = None  # the function of billing_hooks/actions.py
+    #: the function of billing_hooks/actions.py that writes the entry
+    action: Callable[..., actions.Posted]
 
     async def subject(self, target: str):
         """Whose wallet or which session the path names (checked)."""

@@ -13,6 +13,8 @@ Billing reads the scopes JupyterHub reports for the token a request carries:
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 BILLING_SERVICE = "billing"
 ADMIN_SCOPE = "custom:meterhub:admin"
 SPEND_SCOPE = "custom:meterhub:spend"
@@ -33,7 +35,7 @@ def user_role() -> dict:
     return {"name": "user", "scopes": ["self", BILLING_ACCESS, SPEND_SCOPE]}
 
 
-def billing_admin_role(users: list[str] = (), services: list[str] = ()) -> dict:
+def billing_admin_role(users: Sequence[str] = (), services: Sequence[str] = ()) -> dict:
     """Billing admins who need not be hub admins (hub admins are billing admins already)."""
     return {
         "name": BILLING_ADMIN_ROLE,

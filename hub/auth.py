@@ -30,20 +30,27 @@ POST_ONLY = "POST"
 
 
 class SignUpHandler(NativeSignUpHandler):
-    """/hub/signup: a name outside the rule is refused with the rule, before anything else."""
+    """/hub/signup: a name outside the rule is refused with the rule, and a name the hub
+    already has is refused, before anything else."""
 
     async def post(self):
         if not self.authenticator.enable_signup:
             raise web.HTTPError(404)
         raw = self.get_body_argument("username", "", strip=False)
         name = self.authenticator.normalize_username(raw)
-        if self.authenticator.validate_username(name):
+        if not self.authenticator.validate_username(name):
+            message = f"That user name is not allowed: use {USERNAME_RULE}."
+        elif self.find_user(name) is not None:
+            # an account the hub already has (made by an admin, with no password yet) is
+            # not anyone's to claim by signing up with its name
+            message = "That user name is already in use."
+        else:
             return await super().post()
         self.set_status(400)
         html = await self.render_template(
             "signup.html",
             ask_email=self.authenticator.ask_email_on_signup,
-            result_message=f"That user name is not allowed: use {USERNAME_RULE}.",
+            result_message=message,
             alert="alert-danger",
             two_factor_auth=self.authenticator.allow_2fa,
             recaptcha_key=self.authenticator.recaptcha_key,

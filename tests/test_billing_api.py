@@ -287,3 +287,48 @@ def test_passes_fit_the_inventory_beside_other_passes(api_hub):
     assert billing(api_hub, "POST", "/users/ben/passes", ADMIN_TOKEN, json=one).status_code == 201
     r = billing(api_hub, "POST", "/users/amy/passes", ADMIN_TOKEN, json=one)
     assert r.status_code == 409 and "0 left" in r.json()["message"], r.text
+
+
+def test_holes_found_by_the_attack_stay_closed(api_hub):
+    """Each case once got through: a duplicate key chose the larger amount, a lone
+    surrogate was a 500, a non-ASCII digit named a session, a key served two kinds of
+    request, a revoked token kept moving money, a body over 1 MiB was the proxy's 503."""
+    grants = "/users/ben/grants"
+    before = billing(api_hub, "GET", "/users/ben/wallet", ADMIN_TOKEN).json()["balance"]
+    for body, why in [
+        (b'{"amount": "1.00", "amount": "99999.00"}', "appears twice"),
+        (b'{"amount": "1.00", "note": "\\ud800"}', "lone surrogate"),
+        (b'{"amount": "1.00", "note": "nul\\u0000"}', "control characters"),
+    ]:
+        r = billing(api_hub, "POST", grants, ADMIN_TOKEN, data=body)
+        assert r.status_code == 400 and why in r.json()["message"], (body, r.text)
+    for session in ("%C2%B9", "%D9%A1", "0", "-1"):
+        r = billing(
+            api_hub, "POST", f"/sessions/{session}/refunds", ADMIN_TOKEN, json={"reason": "x"}
+        )
+        assert r.status_code == 404, (session, r.text)
+    r = requests.post(
+        f"{api_hub.url}/services/billing/api/v1{grants}",
+        headers={"Authorization": f"token {ADMIN_TOKEN}"},
+        data=b'{"amount": "1.00", "note": "' + b"x" * (2 * 1024 * 1024) + b'"}',
+        timeout=60,
+    )
+    assert r.status_code == 413, r.text[:200]
+    assert billing(api_hub, "GET", "/users/ben/wallet", ADMIN_TOKEN).json()["balance"] == before
+    # one key, one request, whatever its kind
+    headers = {"Authorization": f"token {ADMIN_TOKEN}", "Idempotency-Key": "one-key"}
+    base = f"{api_hub.url}/services/billing/api/v1/users/ben"
+    assert (
+        requests.post(f"{base}/grants", headers=headers, json={"amount": "1.00"}).status_code == 201
+    )
+    r = requests.post(
+        f"{base}/adjustments", headers=headers, json={"amount": "1.00", "reason": "x"}
+    )
+    assert r.status_code == 409, r.text
+    # a revoked token stops at once, though billing has seen it a moment ago
+    r = api_hub.api("POST", "/users/admin/tokens", json={"note": "revoked"})
+    token, token_id = r.json()["token"], r.json()["id"]
+    assert billing(api_hub, "GET", "/users/ben/wallet", token).status_code == 200
+    assert api_hub.api("DELETE", f"/users/admin/tokens/{token_id}").status_code == 204
+    r = billing(api_hub, "POST", grants, token, json={"amount": "7.77"})
+    assert r.status_code == 403, r.text

@@ -23,19 +23,34 @@ def test_micros_are_exact():
         to_micros("0.0000001")
 
 
+NOT_AN_AMOUNT = "expected an amount like"
+
+
 @pytest.mark.parametrize(
     "text, why",
     [
-        ("0", "positive"),
-        ("-5", "positive"),
-        ("1.234", "decimals"),
-        ("abc", "number"),
-        ("NaN", "finite"),
-        ("Infinity", "finite"),
-        ("1e400", "below"),
-        ("1e-400", "decimals"),
-        (True, "number"),
-        (1.5, "number"),
+        ("0", "must be positive"),
+        ("0.00", "must be positive"),
+        ("-5", NOT_AN_AMOUNT),
+        ("1.234", "at most two decimals"),
+        ("abc", NOT_AN_AMOUNT),
+        ("NaN", NOT_AN_AMOUNT),
+        ("Infinity", NOT_AN_AMOUNT),
+        ("1e400", NOT_AN_AMOUNT),
+        ("1e-400", NOT_AN_AMOUNT),
+        # only ASCII digits, no sign, no spaces, no separators, no leading zeros
+        ("١٢", NOT_AN_AMOUNT),
+        ("１２", NOT_AN_AMOUNT),
+        ("1_000", NOT_AN_AMOUNT),
+        ("+5", NOT_AN_AMOUNT),
+        (" 5 ", NOT_AN_AMOUNT),
+        ("05", NOT_AN_AMOUNT),
+        ("5.", NOT_AN_AMOUNT),
+        (".5", NOT_AN_AMOUNT),
+        ("1" * 13, NOT_AN_AMOUNT),
+        (True, "as a string"),
+        (1.5, "as a string"),
+        (12, "as a string"),
         ("100000", "below"),
     ],
 )
@@ -46,8 +61,24 @@ def test_bad_amounts_say_why(text, why):
 
 def test_parse_amount_accepts_currency_amounts():
     assert parse_amount("12.50") == 12_500_000
-    assert parse_amount(" 3 ") == 3_000_000
+    assert parse_amount("3") == 3_000_000
+    assert parse_amount("0.01") == 10_000
     assert parse_amount("99999.99", maximum=Decimal("100000")) == 99_999_990_000
+    # a sign only where one is allowed, and never zero
+    assert parse_amount("-1.50", signed=True) == -1_500_000
+    with pytest.raises(AmountError, match="non-zero"):
+        parse_amount("-0.00", signed=True)
+    with pytest.raises(AmountError, match="below"):
+        parse_amount("-100000", signed=True, maximum=Decimal("100000"))
+
+
+def test_config_amounts_may_be_yaml_numbers_read_exactly():
+    from meterhub.spawner.amounts import parse_decimal
+
+    assert parse_decimal(4.5, allow_numbers=True) == Decimal("4.50")
+    assert parse_decimal(12, allow_numbers=True) == Decimal("12.00")
+    with pytest.raises(AmountError, match="at most two"):
+        parse_decimal(0.1 + 0.2, allow_numbers=True)  # 0.30000000000000004
 
 
 def test_windows_telescope_to_the_total_however_cut():

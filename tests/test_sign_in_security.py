@@ -329,3 +329,13 @@ def test_hub_cookies_are_samesite_lax_and_secure_over_https(hub):
     cookies = set_cookies(r)
     for name in ("jupyterhub-hub-login", "jupyterhub-session-id"):
         assert {"secure", "samesite=lax", "httponly"} <= cookies[name], cookies[name]
+
+
+def test_an_account_the_hub_already_has_cannot_be_claimed_by_signing_up(hub):
+    """An admin made `gwen` with the hub's API (no password yet) and gave her credit: a
+    stranger signing up as gwen is refused, and cannot sign in as her."""
+    assert hub.api("POST", "/users/gwen").status_code == 201
+    r = sign_up(hub, "gwen")
+    assert r.status_code == 400 and "already in use" in r.text
+    assert "gwen" not in accounts(hub)
+    assert not can_sign_in(hub, "gwen")
