@@ -9,7 +9,7 @@ LAB := extensions/lab/package.json
 LAB_NODE := $(LAB_SRC)/node_modules/.package-lock.json
 SERVER_CONFIG := $(VENV)/etc/jupyter/jupyter_server_config.d/meterhub.json
 
-.PHONY: serve test lint system-deps-serve system-deps-test clean
+.PHONY: serve test test-fast lint system-deps-serve system-deps-test clean
 
 serve: system-deps-serve $(VENV)/.lab-installed $(CHP) $(LAB) $(SERVER_CONFIG)
 	$(VENV)/bin/meterhub serve
@@ -18,6 +18,10 @@ test: system-deps-test $(VENV)/.test-installed $(CHP) $(LAB) $(SERVER_CONFIG)
 	$(VENV)/bin/ruff check .
 	cd $(LAB_SRC) && npm run --silent lint && npm test --silent
 	$(VENV)/bin/pytest -n 2 --dist loadfile --durations=15
+
+# in-process hub tests: no proxy, no JupyterLab servers; seconds, not minutes
+test-fast: $(VENV)/.test-installed
+	$(VENV)/bin/pytest -q tests/fast
 
 lint: $(VENV)/.test-installed $(LAB_NODE)
 	$(VENV)/bin/ruff check .

@@ -1,21 +1,38 @@
 """The audit: every invariant of the ledger checked from its rows, on demand.
 
-`meterhub billing audit` (and the admin page, when asked) run it; the tests run it after
-every step of the seeded simulation. It reads; it never writes. What the meter corrected
-against the hub's view is not a violation: `reconciliation_report` lists it apart.
+`meterhub billing audit` (and the admin page, when asked) run it; the billing service runs
+it on a schedule and keeps each run's result (`record_audit`, its only write: the
+audit_runs table); the tests run it after every step of the seeded simulation. What the
+meter corrected against the hub's view is not a violation: `reconciliation_report` lists
+it apart.
 """
 
 from __future__ import annotations
 
 import datetime
+from typing import TYPE_CHECKING
 
 from sqlalchemy import func, select
 
-from .orm import Entry, MeteredSession, Wallet
+from .orm import AUDIT_PROBLEM_LINES, AuditRun, Entry, MeteredSession, Reconciliation, Wallet
 from .postings import covering_passes, window_amount
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterator
+    from contextlib import contextmanager
+
+    from sqlalchemy.orm import Session
 
 
 class Audit:
+    if TYPE_CHECKING:
+        # Postings and Queries provide these; Ledger puts them together
+        clock: Callable[[], int]
+
+        @contextmanager
+        def begin(self) -> Iterator[Session]: ...
+        def reconciliations(self, limit: int = 50) -> list[Reconciliation]: ...
+
     def audit(self, now: int | None = None) -> list[str]:
         """Every violation of the ledger's invariants, as readable lines; [] when sound."""
         now = self.clock() if now is None else now
@@ -53,7 +70,9 @@ class Audit:
                 .where(Entry.kind.in_(("charge", "refund")))
                 .order_by(Entry.window_start, Entry.id)
             ):
-                if entry.kind == "charge":
+                if entry.session_id is None:
+                    problems.append(f"{entry.kind} entry {entry.id} names no session")
+                elif entry.kind == "charge":
                     charges.setdefault(entry.session_id, []).append(entry)
                 else:
                     refunds[entry.session_id] = (
@@ -70,6 +89,22 @@ class Audit:
                         f" {refunds[session.id]}, more than the {charged} it was charged"
                     )
         return problems
+
+    def record_audit(self) -> AuditRun:
+        """Run the audit now and keep its result (the first AUDIT_PROBLEM_LINES violations
+        and their count) for the admin page; the scheduled audit of the billing service."""
+        started = self.clock()
+        problems = self.audit(started)
+        run = AuditRun(
+            started_at=started,
+            finished_at=self.clock(),
+            problems_count=len(problems),
+            problems="\n".join(p.replace("\n", " ") for p in problems[:AUDIT_PROBLEM_LINES]),
+        )
+        with self.begin() as db:
+            db.add(run)
+            db.flush()
+        return run
 
     def reconciliation_report(self, limit: int = 50) -> list[str]:
         """The meter's latest corrections against the hub's view, newest first, one line each."""
@@ -91,6 +126,9 @@ def _audit_session(
     problems = []
     cursor = session.ready_at
     for entry in entries:
+        if entry.window_start is None or entry.window_end is None:
+            problems.append(f"{where}: charge entry {entry.id} names no window")
+            continue
         if entry.window_start != cursor:
             kind = "overlapping" if entry.window_start < cursor else "gapped"
             problems.append(
@@ -115,7 +153,7 @@ def _audit_session(
             f"{where}: windows end at {cursor}, metered through {session.metered_through}"
         )
     observed_end = session.stopped_at if session.stopped_at is not None else now
-    if session.metered_through > observed_end:
+    if session.metered_through is not None and session.metered_through > observed_end:
         problems.append(
             f"{where}: charged through {session.metered_through}, past its observed end {observed_end}"
         )

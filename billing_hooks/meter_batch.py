@@ -8,13 +8,21 @@ session: see `MeterBatch.charge_running`.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, cast
 
-from sqlalchemy import and_, case, func, or_, select
+from sqlalchemy import Table, and_, case, func, or_, select
 
 from .money import window_charge
 from .orm import MeteredSession, Pass, Wallet
 from .postings import METER, window_amount
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterator
+    from contextlib import contextmanager
+
+    from sqlalchemy.orm import Session
 
 
 @dataclass
@@ -90,6 +98,13 @@ def _write_balances(conn, balances: dict[int, int]) -> None:
 
 
 class MeterBatch:
+    if TYPE_CHECKING:
+        # Postings provides these; Ledger puts them together
+        fault: Callable[[str], None]
+
+        @contextmanager
+        def begin(self) -> Iterator[Session]: ...
+
     def charge_running(self, session_ids: list[int], now: int) -> dict[int, WalletView]:
         """Charge many running sessions up to `now` in one transaction (the meter's pass).
 
@@ -107,7 +122,7 @@ class MeterBatch:
         """
         if not session_ids:
             return {}
-        S, W, P = (t.__table__ for t in (MeteredSession, Wallet, Pass))
+        S, W, P = (cast(Table, t.__table__) for t in (MeteredSession, Wallet, Pass))
         wanted = set(session_ids)
         in_range = and_(S.c.id.between(min(wanted), max(wanted)), S.c.stopped_at.is_(None))
         with self.begin() as db:
@@ -124,6 +139,7 @@ class MeterBatch:
                 S.c.ready_at,
                 S.c.metered_through,
             )
+            in_range_rows: Sequence[Any]
             if conn.dialect.name == "postgresql":
                 wallets = {
                     wid: [name, balance]
