@@ -635,7 +635,7 @@ class PriceHandler(BillingHandler):
             micros = parse_amount(body["price_per_hour"], maximum=MAX_PRICE, where="price_per_hour")
         except AmountError as e:
             raise web.HTTPError(400, "%s", str(e)) from None
-        await asyncio.to_thread(self.ledger.set_price, slug, micros)
+        await asyncio.to_thread(self.ledger.set_price, slug, micros, self.actor)
         catalog = await self.catalog()
         overrides = await asyncio.to_thread(self.ledger.price_overrides)
         self.send(_price_json(catalog.profiles()[slug], overrides))

@@ -1,4 +1,5 @@
-"""The ledger's tables: wallets, append-only entries, sessions, passes, notifications, prices.
+"""The ledger's tables: wallets, append-only entries, sessions, passes, notifications, prices
+(dated, append-only), the meter's reconciliations and the scheduled audit's runs.
 
 Money columns are integer micro-units (BigInteger); times are integer UTC epoch seconds.
 Schema changes go through alembic (billing_hooks/migrations); never edit a released one.
@@ -8,6 +9,9 @@ from __future__ import annotations
 
 from sqlalchemy import BigInteger, ForeignKey, Index, Integer, String, Text, UniqueConstraint
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+#: violations an audit run keeps (its problems_count counts them all)
+AUDIT_PROBLEM_LINES = 50
 
 ENTRY_KINDS = ("trial", "grant", "topup", "charge", "pass", "refund", "adjustment")
 OWNER_KINDS = ("user", "group", "course")
@@ -129,10 +133,33 @@ class Reconciliation(Base):
 
 
 class Price(Base):
-    """An admin's price override for a profile (per GPU-hour; per hour for debug)."""
+    """A price for new sessions of a profile (per GPU-hour; per hour for debug), from a time.
+
+    Append-only: a change adds a row. A profile's current price is its row with the latest
+    effective_from at or before now (the later row on a tie); none: the site config's price.
+    Running sessions keep the rate they captured at start.
+    """
 
     __tablename__ = "prices"
+    __table_args__ = (Index("ix_prices_profile", "profile", "effective_from", "id"),)
 
-    profile: Mapped[str] = mapped_column(String(32), primary_key=True)
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    profile: Mapped[str] = mapped_column(String(32))
     micros_per_hour: Mapped[int] = mapped_column(BigInteger)
-    updated_at: Mapped[int] = mapped_column(BigInteger)
+    effective_from: Mapped[int] = mapped_column(BigInteger)
+    #: who set it, as entries name their actor ("unknown" for prices set before 0003)
+    set_by: Mapped[str] = mapped_column(String(255))
+    created_at: Mapped[int] = mapped_column(BigInteger)
+
+
+class AuditRun(Base):
+    """One scheduled run of the audit (billing service), for the admin page."""
+
+    __tablename__ = "audit_runs"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    started_at: Mapped[int] = mapped_column(BigInteger)
+    finished_at: Mapped[int] = mapped_column(BigInteger)
+    problems_count: Mapped[int] = mapped_column(Integer)
+    #: the first AUDIT_PROBLEM_LINES violations, one a line ("" when sound)
+    problems: Mapped[str] = mapped_column(Text, default="")

@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple, cast
 
 from sqlalchemy import func, select, text, update
 from sqlalchemy.engine import Engine
@@ -24,6 +24,9 @@ from sqlalchemy.orm import Session, sessionmaker
 from .clock import utcnow
 from .money import MICROS, accrued, format_money, window_charge
 from .orm import Entry, MeteredSession, Notification, Pass, Price, Reconciliation, Wallet
+
+if TYPE_CHECKING:
+    from sqlalchemy.engine import CursorResult
 
 #: who wrote an entry when no person or token did
 SYSTEM = "system"
@@ -94,7 +97,7 @@ class Postings:
         self._sessions = sessionmaker(engine, expire_on_commit=False)
 
     @contextmanager
-    def begin(self):
+    def begin(self) -> Iterator[Session]:
         with self._sessions.begin() as db:
             yield db
 
@@ -171,6 +174,7 @@ class Postings:
         )
         self.fault("balance-updated")
         balance = db.scalar(select(Wallet.balance_micros).where(Wallet.id == wallet.id))
+        assert balance is not None  # the row the UPDATE above just moved
         entry = Entry(
             wallet_id=wallet.id,
             kind=kind,
@@ -271,6 +275,7 @@ class Postings:
                     f" {format_money(refundable, self.currency)}"
                 )
             wallet = db.get(Wallet, session.wallet_id, populate_existing=True)
+            assert wallet is not None  # a session's wallet_id is a foreign key
             entry = self._post(
                 db,
                 wallet,
@@ -395,6 +400,7 @@ class Postings:
         self.fault("session-read")
         end = until if session.stopped_at is None else min(until, session.stopped_at)
         start = session.metered_through
+        assert start is not None  # set together with ready_at
         if end <= start:
             return None
         amount = window_amount(
@@ -404,17 +410,21 @@ class Postings:
             end,
             covering_passes(db, session),
         )
-        moved = db.execute(
-            update(MeteredSession)
-            .where(MeteredSession.id == session.id, MeteredSession.metered_through == start)
-            .values(metered_through=end)
-            .execution_options(synchronize_session=False)
+        moved = cast(
+            "CursorResult[Any]",
+            db.execute(
+                update(MeteredSession)
+                .where(MeteredSession.id == session.id, MeteredSession.metered_through == start)
+                .values(metered_through=end)
+                .execution_options(synchronize_session=False)
+            ),
         )
         if moved.rowcount != 1:
             raise ConcurrentUpdate(f"session {session.id} was metered by someone else")
         session.metered_through = end
         self.fault("metered-through-advanced")
         wallet = db.get(Wallet, session.wallet_id, populate_existing=True)
+        assert wallet is not None  # a session's wallet_id is a foreign key
         return self._post(
             db,
             wallet,
@@ -442,9 +452,16 @@ class Postings:
             return self._close(db, session, at, actor)
 
     def close_server(
-        self, user: str, server_name: str, at: int | None = None, actor: str = HUB
+        self,
+        user: str,
+        server_name: str,
+        at: int | None = None,
+        actor: str = HUB,
+        at_last_seen: bool = False,
     ) -> list[int]:
-        """Close every open session of one server (the hub's post-stop hook)."""
+        """Close every open session of one server (the hub's post-stop hook); with
+        `at_last_seen`, each when the meter last saw it running (a server found dead after
+        a reboot), as the meter closes a vanished one."""
         at = self.clock() if at is None else at
         with self.begin() as db:
             ids = list(
@@ -456,12 +473,14 @@ class Postings:
             for session_id in ids:
                 session = self._lock_session(db, session_id)
                 if session is not None and session.stopped_at is None:
-                    self._close(db, session, at, actor)
+                    end = (session.last_seen_running or session.started_at) if at_last_seen else at
+                    self._close(db, session, end, actor)
                     closed.append(session_id)
             return closed
 
     def _close(self, db: Session, session: MeteredSession, at: int, actor: str) -> Entry | None:
         if session.ready_at is not None:
+            assert session.metered_through is not None  # set together with ready_at
             at = max(at, session.metered_through)
         session.stopped_at = at
         db.flush()
@@ -508,6 +527,8 @@ class Postings:
             )
             starts = latest_end or now
             ends = starts + duration_seconds
+            if capacity == 0:
+                raise NoCapacity(f"This site sells no passes for {label or profile}.")
             if capacity is not None:
                 peak = _peak_reserved(db, profile, starts, ends)
                 if peak + gpus > capacity:
@@ -549,17 +570,29 @@ class Postings:
 
     # ------------------------------------------------------------------ prices
 
-    def set_price(self, profile: str, micros_per_hour: int) -> None:
-        """An admin's price for new sessions of a profile (running ones keep their rate)."""
+    def set_price(
+        self,
+        profile: str,
+        micros_per_hour: int,
+        actor: str = "unknown",
+        effective_from: int | None = None,
+    ) -> Price:
+        """An admin's price for new sessions of a profile, from `effective_from` (now when
+        None). Adds a row to the price history; running sessions keep their captured rate."""
+        if micros_per_hour < 0:
+            raise LedgerError(f"A price cannot be negative: {micros_per_hour} micros per hour")
+        now = self.clock()
         with self.begin() as db:
-            row = db.get(Price, profile)
-            if row is None:
-                db.add(
-                    Price(profile=profile, micros_per_hour=micros_per_hour, updated_at=self.clock())
-                )
-            else:
-                row.micros_per_hour = micros_per_hour
-                row.updated_at = self.clock()
+            price = Price(
+                profile=profile,
+                micros_per_hour=micros_per_hour,
+                effective_from=now if effective_from is None else effective_from,
+                set_by=actor,
+                created_at=now,
+            )
+            db.add(price)
+            db.flush()
+            return price
 
     # ------------------------------------------------------------------ notifications
 
@@ -580,14 +613,17 @@ class Postings:
         if not ids:
             return 0
         with self.begin() as db:
-            result = db.execute(
-                update(Notification)
-                .where(
-                    Notification.user_name == user,
-                    Notification.id.in_(ids),
-                    Notification.read_at.is_(None),
-                )
-                .values(read_at=self.clock())
+            result = cast(
+                "CursorResult[Any]",
+                db.execute(
+                    update(Notification)
+                    .where(
+                        Notification.user_name == user,
+                        Notification.id.in_(ids),
+                        Notification.read_at.is_(None),
+                    )
+                    .values(read_at=self.clock())
+                ),
             )
             return result.rowcount
 

@@ -5,14 +5,53 @@ Nothing outside billing_hooks queries the ledger's tables directly; they ask her
 
 from __future__ import annotations
 
-from sqlalchemy import and_, or_, select
+from typing import TYPE_CHECKING, NamedTuple, cast
 
-from .orm import Entry, MeteredSession, Notification, Pass, Price, Reconciliation, Wallet
+from sqlalchemy import and_, func, or_, select
+
+from .orm import (
+    AuditRun,
+    Entry,
+    MeteredSession,
+    Notification,
+    Pass,
+    Price,
+    Reconciliation,
+    Wallet,
+)
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterator
+    from contextlib import contextmanager
+
+    from sqlalchemy.engine import Row
+    from sqlalchemy.orm import Session
 
 DAY = 86_400
 
 
+class PriceChange(NamedTuple):
+    """One row of a profile's price history, with the price it replaced (None: the site
+    config's price was in effect before it)."""
+
+    id: int
+    profile: str
+    micros_per_hour: int
+    previous_micros: int | None
+    effective_from: int
+    set_by: str
+    created_at: int
+
+
 class Queries:
+    if TYPE_CHECKING:
+        # Postings provides these; Ledger puts the two together
+        clock: Callable[[], int]
+
+        @contextmanager
+        def begin(self) -> Iterator[Session]: ...
+        def _wallet(self, db: Session, user: str, lock: bool = False) -> Wallet | None: ...
+
     def balance(self, user: str) -> int | None:
         with self.begin() as db:
             wallet = self._wallet(db, user)
@@ -38,7 +77,7 @@ class Queries:
             query = query.limit(limit)
         with self.begin() as db:
             sessions = list(db.scalars(query))
-            costs: dict[int, int] = {}
+            costs: dict[int | None, int] = {}
             for session_id, amount in db.execute(
                 select(Entry.session_id, Entry.amount_micros).where(
                     Entry.session_id.in_([s.id for s in sessions])
@@ -51,18 +90,19 @@ class Queries:
         with self.begin() as db:
             return db.get(MeteredSession, session_id)
 
-    def open_session_rows(self) -> list:
+    def open_session_rows(self) -> list[Row]:
         """id, user, server, started and last-seen times of every open session (light)."""
         S = MeteredSession.__table__
         with self.begin() as db:
             query = select(
                 S.c.id, S.c.user_name, S.c.server_name, S.c.started_at, S.c.last_seen_running
             )
-            return (
+            rows = (
                 db.connection()
                 .execute(query.where(S.c.stopped_at.is_(None)).order_by(S.c.id))
                 .all()
             )
+            return cast("list[Row]", rows)  # Result.all() is typed Sequence; it is a list
 
     def open_sessions(self, user: str | None = None) -> list[MeteredSession]:
         query = select(MeteredSession).where(MeteredSession.stopped_at.is_(None))
@@ -96,9 +136,47 @@ class Queries:
                 query = query.where(Pass.starts_at <= valid_at, Pass.ends_at > valid_at)
             return list(db.scalars(query.order_by(Pass.id)))
 
-    def price_overrides(self) -> dict[str, int]:
+    def price_overrides(self, at: int | None = None) -> dict[str, int]:
+        """{profile: micros per hour} of the admins' prices in effect at `at` (now): each
+        profile's latest row effective by then. Profiles not listed use the site config."""
+        at = self.clock() if at is None else at
+        current: dict[str, int] = {}
         with self.begin() as db:
-            return {row.profile: row.micros_per_hour for row in db.scalars(select(Price))}
+            rows = db.execute(
+                select(Price.profile, Price.micros_per_hour)
+                .where(Price.effective_from <= at)
+                .order_by(Price.effective_from, Price.id)
+            )
+            for profile, micros in rows:
+                current[profile] = micros  # a later row replaces an earlier one
+        return current
+
+    def price_history(self, limit: int = 50) -> list[PriceChange]:
+        """The admins' price changes, newest (latest effective) first, each with the price it
+        replaced."""
+        P = Price
+        previous = func.lag(P.micros_per_hour).over(
+            partition_by=P.profile, order_by=(P.effective_from, P.id)
+        )
+        dated = select(
+            P.id,
+            P.profile,
+            P.micros_per_hour,
+            previous.label("previous_micros"),
+            P.effective_from,
+            P.set_by,
+            P.created_at,
+        ).subquery()
+        query = (
+            select(dated).order_by(dated.c.effective_from.desc(), dated.c.id.desc()).limit(limit)
+        )
+        with self.begin() as db:
+            return [PriceChange(*row) for row in db.execute(query)]
+
+    def latest_audit(self) -> AuditRun | None:
+        """The last scheduled audit run (None before the first)."""
+        with self.begin() as db:
+            return db.scalars(select(AuditRun).order_by(AuditRun.id.desc()).limit(1)).first()
 
     def notifications(self, user: str, unread_only: bool = False) -> list[Notification]:
         query = select(Notification).where(Notification.user_name == user)

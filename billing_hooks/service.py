@@ -2,7 +2,8 @@
 
 The hub starts it (`meterhub billing service`) with a token that may only list and read
 users and servers and stop servers. Under its prefix it serves the wallet, usage,
-notification and grant API (billing_hooks/api.py) and a health check.
+notification and grant API (billing_hooks/api.py) and a health check. Beside the meter it
+runs the ledger's audit on a schedule and keeps each result for the billing admin page.
 """
 
 from __future__ import annotations
@@ -10,17 +11,26 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import random
 import signal
+from collections.abc import Awaitable, Callable, Sequence
 from decimal import Decimal
 from urllib.parse import urlparse
 
 from tornado import web
 
-from .api import MAX_BODY, make_handlers
+from .api import make_handlers
+from .ledger import Ledger
 from .meter import HubClient, Meter
+from .orm import AuditRun
 from .settings import BillingSettings, pass_capacity
 
 log = logging.getLogger("meterhub.billing")
+
+#: what the server reads of a body before it drops the connection; the handlers keep the
+#: first api.MAX_BODY bytes of it and refuse the rest with a 413 (a dropped connection
+#: would reach the client as the proxy's 503)
+MAX_STREAMED = 256 * 1024 * 1024
 
 
 def make_app(
@@ -29,7 +39,8 @@ def make_app(
     max_grant: Decimal,
     hub: HubClient,
     config,
-    warn_minutes: list[int] = (),
+    warn_minutes: Sequence[int] = (),
+    meter: Meter | None = None,
 ) -> web.Application:
     return web.Application(
         make_handlers(prefix),
@@ -40,6 +51,8 @@ def make_app(
         config=config,
         capacity=pass_capacity(config),
         warn_minutes=list(warn_minutes),
+        # the health check fails when the meter has not completed a pass for a while
+        meter=meter,
         cookie_secret=os.urandom(32),  # OAuth state only; users sign in again after a restart
     )
 
@@ -58,13 +71,71 @@ async def run(settings: BillingSettings, config) -> None:
     )
     service_url = urlparse(os.environ.get("JUPYTERHUB_SERVICE_URL", "http://127.0.0.1:8082"))
     prefix = os.environ.get("JUPYTERHUB_SERVICE_PREFIX", "/services/billing/")
-    app = make_app(prefix, ledger, Decimal(settings.max_grant), hub, config, settings.warn_minutes)
+    app = make_app(
+        prefix, ledger, Decimal(settings.max_grant), hub, config, settings.warn_minutes, meter
+    )
     # bodies stream into the handlers, which refuse more than api.MAX_BODY with a 413
-    app.listen(service_url.port, service_url.hostname, max_body_size=16 * MAX_BODY)
+    app.listen(service_url.port or 8082, service_url.hostname, max_body_size=MAX_STREAMED)
     log.info(
         "Billing service at %s, metering every %ss", service_url.geturl(), meter.interval_seconds
     )
-    await meter.run_forever()
+    # kept referenced: the event loop holds only a weak reference to a task
+    audit_task = None
+    if settings.audit_interval_seconds:
+        audit_task = asyncio.create_task(audit_forever(ledger, settings.audit_interval_seconds))
+        log.info("Auditing the ledger every %ss", settings.audit_interval_seconds)
+    try:
+        await meter.run_forever()
+    finally:
+        if audit_task is not None:
+            audit_task.cancel()
+
+
+async def scheduled_audit(ledger: Ledger) -> AuditRun:
+    """Run the audit once, off the event loop, and record its result (the admin page's
+    "Last audit")."""
+    run = await asyncio.to_thread(ledger.record_audit)
+    took = run.finished_at - run.started_at
+    if run.problems_count:
+        first = run.problems.split("\n", 1)[0]
+        log.error(
+            "Scheduled audit: %d violation(s) in %ss; the first: %s",
+            run.problems_count,
+            took,
+            first,
+        )
+    else:
+        log.info("Scheduled audit: the ledger is sound (%ss)", took)
+    return run
+
+
+def next_audit_delay(ledger: Ledger, interval_seconds: int) -> int:
+    """Seconds until the next scheduled audit is due: one interval after the last recorded
+    run, so that a restart does not audit again early; 0 when none is recorded or overdue."""
+    last = ledger.latest_audit()
+    if last is None:
+        return 0
+    return max(0, last.finished_at + interval_seconds - ledger.clock())
+
+
+async def audit_forever(
+    ledger: Ledger,
+    interval_seconds: int,
+    sleep: Callable[[float], Awaitable[object]] = asyncio.sleep,
+) -> None:
+    """Audit every `interval_seconds` (plus up to 10% jitter). A failed run (the database
+    is down) is logged and tried again an interval later; the meter is not affected."""
+    delay: float | None = None
+    while True:
+        try:
+            if delay is None:
+                delay = await asyncio.to_thread(next_audit_delay, ledger, interval_seconds)
+            await sleep(delay + random.uniform(0, 0.1) * delay)
+            delay = interval_seconds
+            await scheduled_audit(ledger)
+        except Exception:
+            delay = interval_seconds
+            log.exception("Scheduled audit failed; trying again in %ss", interval_seconds)
 
 
 def _die_with_the_hub() -> None:

@@ -6,7 +6,7 @@ import asyncio
 import functools
 from decimal import Decimal
 
-from traitlets import Int, List, Unicode
+from traitlets import Dict, Int, List, Unicode
 from traitlets.config import LoggingConfigurable
 
 from .db import connect
@@ -41,6 +41,29 @@ class BillingSettings(LoggingConfigurable):
         config=True
     )
     max_grant = Unicode("100000", help="Grants must be below this amount.").tag(config=True)
+    audit_interval_seconds = Int(
+        3600,
+        min=0,
+        help="""
+        Seconds between the billing service's scheduled audits of the whole ledger; each
+        run's result is shown on the billing admin page. 0 turns them off. The audit reads
+        every entry and session: on SQLite it holds writers off while it runs, so keep this
+        well above the time one audit takes (`meterhub billing audit` shows it).
+        """,
+    ).tag(config=True)
+    pass_capacity = Dict(
+        key_trait=Unicode(),
+        value_trait=Int(min=0),
+        default_value={},
+        help="""
+        GPUs per GPU type (e.g. {"a800": 16}) that passes may reserve on Kubernetes, where
+        meterhub cannot count them (site config `kubernetes.pass_capacity`). A pass is sold
+        only if it fits beside every other pass valid in the same time; a type not listed
+        gets no passes, and empty (the default) sells none. KubeGPUSpawner does not hold
+        these GPUs back from hourly servers: list only GPUs kept free for pass holders.
+        The local backend counts its own inventory and ignores this.
+        """,
+    ).tag(config=True)
 
     @property
     def min_seconds_to_start(self) -> int:
@@ -80,14 +103,25 @@ def priced_catalog(config, ledger: Ledger):
 
 
 def pass_capacity(config) -> dict[str, int] | None:
-    """GPUs per type a pass may reserve: the local backend's inventory (declared in the
-    site config, or found by NVML). None elsewhere: passes are then sold without a check."""
+    """GPUs per type that passes may reserve. The local backend: its inventory (declared in
+    the site config, or found by NVML). Kubernetes: `BillingSettings.pass_capacity`, {} when
+    not set, so that no pass is offered or sold that nothing set aside could honour. None
+    (sold without a check) only for a spawner that is neither."""
+    from meterhub.spawner.catalog import Catalog
     from meterhub.spawner.inventory import declared_inventory, detect_inventory
 
-    if "LocalGPUSpawner" not in str(config.JupyterHub.get("spawner_class", "")):
+    spawner_class = str(config.JupyterHub.get("spawner_class", ""))
+    if "KubeGPUSpawner" in spawner_class:
+        return dict(BillingSettings(config=config).pass_capacity)
+    if "LocalGPUSpawner" not in spawner_class:
         return None
+    # the configured catalog's types, as LocalGPUSpawner.inventory reads them
+    types = Catalog(config=config).types()
     declared = config.LocalGPUSpawner.get("gpus")
-    gpus = declared_inventory(declared) if declared is not None else detect_inventory()
+    if declared is not None:
+        gpus = declared_inventory(declared, types)
+    else:
+        gpus = detect_inventory(gpu_types=types)
     capacity: dict[str, int] = {}
     for gpu in gpus:
         capacity[gpu.type] = capacity.get(gpu.type, 0) + 1

@@ -418,7 +418,13 @@ def apply_spawner_config(site: dict, c: Config) -> Config:
 
     billing = site["billing"]
     c.BillingSettings.db_url = billing["db_url"]
-    for key in ("currency", "meter_interval_seconds", "min_minutes_to_start", "warn_minutes"):
+    for key in (
+        "currency",
+        "meter_interval_seconds",
+        "min_minutes_to_start",
+        "warn_minutes",
+        "audit_interval_seconds",
+    ):
         if key in billing:
             setattr(c.BillingSettings, key, billing[key])
     for key in ("trial_credit", "overdraft", "max_grant"):

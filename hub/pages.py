@@ -19,9 +19,10 @@ from tornado import web
 
 from meterhub.billing_hooks import actions
 from meterhub.billing_hooks.api import usage_json, wallet_json
-from meterhub.billing_hooks.money import CURRENCY_SYMBOLS, accrued, format_money
+from meterhub.billing_hooks.money import CURRENCY_SYMBOLS, accrued, format_money, to_micros
 from meterhub.billing_hooks.scopes import is_billing_admin, may_spend
 from meterhub.billing_hooks.settings import BillingSettings, pass_capacity, priced_catalog
+from meterhub.spawner.catalog import Catalog
 
 DAY = 86_400
 PLOT_DAYS = 30
@@ -242,13 +243,28 @@ class BillingAdminPage(MeterhubPage):
             for session in running:
                 by_user.setdefault(session.user_name, []).append(session)
             catalog = priced_catalog(config, ledger)
+            # before an admin's first change of a profile, its site-config price was in effect
+            configured = {
+                slug: to_micros(p.price_per_hour)
+                for slug, p in Catalog(config=config).profiles().items()
+            }
             return {
                 "wallets": wallets,
                 "running": by_user,
                 "entries": entries,
                 "prices": list(catalog.profiles().values()),
-                # the whole ledger: on demand, not on every view
+                "price_history": [
+                    (
+                        change,
+                        configured.get(change.profile)
+                        if change.previous_micros is None
+                        else change.previous_micros,
+                    )
+                    for change in ledger.price_history(20)
+                ],
+                # the whole ledger: on demand, not on every view; the service's scheduled run
                 "problems": ledger.audit() if run_audit else None,
+                "last_audit": ledger.latest_audit(),
                 "reconciliations": ledger.reconciliations(20),
                 "grant_key": str(uuid.uuid4()),
                 "sandbox_warning": warning,

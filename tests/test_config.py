@@ -290,7 +290,13 @@ def test_the_schema_defaults_are_the_traits_defaults():
 
     billing = SCHEMA["properties"]["billing"]["properties"]
     settings = BillingSettings()
-    for key in ("currency", "trial_credit", "meter_interval_seconds", "min_minutes_to_start"):
+    for key in (
+        "currency",
+        "trial_credit",
+        "meter_interval_seconds",
+        "min_minutes_to_start",
+        "audit_interval_seconds",
+    ):
         assert getattr(settings, key) == billing[key]["default"], key
     assert settings.warn_minutes == billing["warn_minutes"]["default"]
     assert (settings.overdraft, settings.max_grant) == ("0", "100000")

@@ -243,7 +243,8 @@ def semester_ledger(url: str) -> tuple[Ledger, FakeClock]:
     ledger.refund(first, None, "refund:1", "the GPU was faulty", "cli:root")
     ledger.notify("ann", "warn:1:30", "warning", "30 min left")
     ledger.reconciled("closed-vanished", "bo", "old", None, "closed at its last sight")
-    ledger.set_price("a800", to_micros("4.00"))
+    ledger.set_price("a800", to_micros("4.00"), "cli:root")
+    ledger.record_audit()
     return ledger, clock
 
 
