@@ -12,15 +12,18 @@ by the chart through z2jh's `hub.services` and `hub.loadRoles`.
 z2jh's own `jupyterhub_config.py` runs first and sets many KubeSpawner traits from its
 `singleuser` values; what meterhub owns is set on KubeGPUSpawner's own config section (which
 wins over c.KubeSpawner and c.Spawner whatever the order) or merged in the spawner's code.
+Where z2jh's values (or hub.config) set one of those traits to anything but z2jh's default,
+configure() refuses to start, naming the site-config key to use instead.
 """
 
 from __future__ import annotations
 
+import copy
 import os
 from pathlib import Path
 
 import yaml
-from traitlets.config import Config
+from traitlets.config import Config, LazyConfigValue
 
 from meterhub.billing_hooks.hooks import register_trial_credit
 
@@ -29,7 +32,78 @@ from .config import TEMPLATES, ConfigError, apply_spawner_config, load_site_conf
 SITE_PATH = "/etc/meterhub/meterhub.yaml"
 #: the billing Service of this release, as the chart passes it (`http://NAME:8082`)
 BILLING_SERVICE_ENV = "METERHUB_BILLING_SERVICE_URL"
-BILLING_PREFIX = "/services/billing/"
+#: the chart's default name of that Service (no `jupyterhub.fullnameOverride`)
+BILLING_SERVICE_DEFAULT = "http://meterhub-billing:8082"
+#: the zero-to-jupyterhub chart helm/meterhub/Chart.yaml pins (its defaults are below)
+Z2JH_VERSION = "4.3.3"
+
+STORAGE = (
+    "not supported: meterhub's spawner owns the servers' storage: one disk per user"
+    " (claim-{username}, sized by site.kubernetes.disk_size, class"
+    " site.kubernetes.storage_class), the read-only /public pool (the chart's public.*) and"
+    " /dev/shm; leave jupyterhub.singleuser.storage.type none"
+)
+#: what KubeGPUSpawner reads only from its own section (spawner.kube.OWNED_TRAITS, plus
+#: `image`, which the site config always sets there): z2jh's `singleuser` values that set
+#: these on c.KubeSpawner would be dropped, so they are refused, by the chart at install
+#: ("meterhub.singleuser.refused" in helm/meterhub/templates/_helpers.tpl, the same texts)
+#: and by configure() at hub start-up. trait: (the z2jh values setting it, or None where
+#: only hub.config or extraConfig can; what to set instead)
+Z2JH_OWNED: dict[str, tuple[str | None, str]] = {
+    "image": (
+        "jupyterhub.singleuser.image",
+        "set site.kubernetes.image (debug mode, and GPU profiles unless"
+        " site.kubernetes.gpu_image is set)",
+    ),
+    "profile_list": (
+        "jupyterhub.singleuser.profileList",
+        "profiles come from meterhub's catalog: set site.profiles and site.gpu_types",
+    ),
+    "uid": ("jupyterhub.singleuser.uid", "set site.kubernetes.uid"),
+    "gid": (None, "not supported: servers run with gid 100"),
+    "fs_gid": ("jupyterhub.singleuser.fsGid", "not supported: servers run with fsGroup 100"),
+    "allow_privilege_escalation": (
+        "jupyterhub.singleuser.allowPrivilegeEscalation",
+        "not supported: servers never gain privileges",
+    ),
+    "container_security_context": (
+        None,
+        "not supported: servers run as non-root with every capability dropped",
+    ),
+    "automount_service_account_token": (
+        None,
+        "not supported: servers get no Kubernetes API token",
+    ),
+    "storage_capacity": ("jupyterhub.singleuser.storage.capacity", "set site.kubernetes.disk_size"),
+    "storage_class": (
+        "jupyterhub.singleuser.storage.dynamic.storageClass",
+        "set site.kubernetes.storage_class",
+    ),
+    "storage_access_modes": (
+        "jupyterhub.singleuser.storage.dynamic.storageAccessModes",
+        "not supported: each user's disk is ReadWriteOnce",
+    ),
+    "pvc_name_template": ("jupyterhub.singleuser.storage.type", STORAGE),
+    "storage_pvc_ensure": ("jupyterhub.singleuser.storage.type", STORAGE),
+    "volumes": (
+        "jupyterhub.singleuser.storage (type, extraVolumes) or singleuser.extraFiles",
+        STORAGE,
+    ),
+    "volume_mounts": (
+        "jupyterhub.singleuser.storage (type, homeMountPath, extraVolumeMounts) or"
+        " singleuser.extraFiles",
+        STORAGE,
+    ),
+}
+#: what z2jh's jupyterhub_config.py assigns to those traits when its values are its chart's
+#: defaults (with meterhub's storage.type none); KubeSpawner's own defaults pass as well
+Z2JH_DEFAULTS = {
+    "image": f"quay.io/jupyterhub/k8s-singleuser-sample:{Z2JH_VERSION}",
+    "profile_list": [],
+    "uid": 1000,
+    "fs_gid": 100,
+    "allow_privilege_escalation": False,
+}
 
 #: site-config keys that only mean something on the local backend, and what to use instead
 LOCAL_ONLY = {
@@ -57,24 +131,67 @@ def refuse_local_keys(path: str) -> None:
         raise ConfigError(f"{path}: " + "\n  ".join(["not for the kubernetes backend:", *lines]))
 
 
-def billing_api_url() -> str | None:
-    """The billing API as pods reach it, from the Service the chart names (None: not set)."""
-    service = os.environ.get(BILLING_SERVICE_ENV, "").rstrip("/")
-    return f"{service}{BILLING_PREFIX}api/v1" if service else None
+def refuse_z2jh_owned(c: Config) -> None:
+    """Refuse what z2jh's `singleuser` values (or hub.config, or an earlier extraConfig) set
+    on c.KubeSpawner or c.Spawner that KubeGPUSpawner would not read: anything but
+    KubeSpawner's default or z2jh's chart default, with the meterhub setting to use."""
+    from kubespawner import KubeSpawner
+
+    from meterhub.spawner.kube import KubeGPUSpawner
+
+    traits = KubeSpawner.class_traits()
+    problems = []
+    for cls in KubeGPUSpawner.mro()[1:]:
+        section = cls.__name__
+        if not dict.__contains__(c, section):
+            continue
+        for name, (z2jh_values, instead) in Z2JH_OWNED.items():
+            if not dict.__contains__(c[section], name):
+                continue
+            value = dict.__getitem__(c[section], name)
+            default = traits[name].default()
+            if isinstance(value, LazyConfigValue):  # z2jh's volumes.extend(extraVolumes)
+                value = value.get_value(copy.deepcopy(default))
+            if value == default or (name in Z2JH_DEFAULTS and value == Z2JH_DEFAULTS[name]):
+                continue
+            where = f" (z2jh's {z2jh_values})" if z2jh_values else ""
+            problems.append(
+                f"c.{section}.{name} = {value!r}{where}: meterhub's spawner does not read it;"
+                f" {instead}"
+            )
+    if problems:
+        raise ConfigError("\n  ".join(["not used by meterhub's KubeGPUSpawner:", *problems]))
+
+
+def base_url(c: Config) -> str:
+    """The hub's base URL as z2jh set it from jupyterhub.hub.baseUrl: "/" or "/a/b/"."""
+    stripped = (c.JupyterHub.get("base_url") or "/").strip("/")
+    return f"/{stripped}/" if stripped else "/"
+
+
+def billing_prefix(c: Config) -> str:
+    """Where JupyterHub puts the billing service: {base_url}services/billing/."""
+    return f"{base_url(c)}services/billing/"
+
+
+def billing_api_url(c: Config) -> str:
+    """The billing API as pods reach it: the Service the chart names, under the prefix."""
+    service = os.environ.get(BILLING_SERVICE_ENV, "").rstrip("/") or BILLING_SERVICE_DEFAULT
+    return f"{service}{billing_prefix(c)}api/v1"
 
 
 def configure(c: Config, path: str | None = None) -> dict:
     """Apply the site config at `path` (default $METERHUB_CONFIG or the chart's mount) to `c`."""
     path = path or os.environ.get("METERHUB_CONFIG", SITE_PATH)
     refuse_local_keys(path)
+    refuse_z2jh_owned(c)
     site = load_site_config(path, cwd="/srv/jupyterhub")
     site["backend"] = "kubernetes"
     apply_spawner_config(site, c)
-    api = billing_api_url()
-    if api:
-        c.KubeGPUSpawner.meterhub_environment = {"METERHUB_BILLING_URL": api}
+    c.KubeGPUSpawner.meterhub_environment = {"METERHUB_BILLING_URL": billing_api_url(c)}
+    if os.environ.get(BILLING_SERVICE_ENV):
         # z2jh made c.JupyterHub.services from hub.services; the proxy routes
-        # /services/billing/ to this release's billing Service
+        # {base_url}services/billing/ to this release's billing Service
         for service in c.JupyterHub.get("services") or ():
             if service.get("name") == "billing" and not service.get("url"):
                 service["url"] = os.environ[BILLING_SERVICE_ENV].rstrip("/")

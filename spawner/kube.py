@@ -38,7 +38,9 @@ CHOICE_TRAITS = (
 #: what meterhub decides, not z2jh's `singleuser` values: KubeGPUSpawner ignores these in
 #: the config sections of the classes it derives from (c.KubeSpawner, c.Spawner), whatever
 #: the order they were set in, so its own defaults hold (one disk per user, /public,
-#: profiles, the non-root security context); c.KubeGPUSpawner.<trait> still sets them
+#: profiles, the non-root security context); c.KubeGPUSpawner.<trait> still sets them.
+#: Dropped, never silently: hub.k8s.configure refuses them on those sections at hub
+#: start-up, and the Helm chart the z2jh values that set them (hub.k8s.Z2JH_OWNED)
 OWNED_TRAITS = (
     "profile_list",
     "volumes",

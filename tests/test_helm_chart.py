@@ -395,13 +395,26 @@ def test_names_z2jh_cannot_template_are_checked(chart, change, message):
     assert message in str(e.value)
 
 
-def test_billing_readiness_probe_and_pull_secrets(chart):
+def test_billing_probes_and_pull_secrets(chart):
+    """A stalled meter restarts the pod (liveness on /health); the wallet API stays in the
+    Service while the process serves (readiness on the port)."""
+    from meterhub.billing_hooks.meter import UNHEALTHY_AFTER_INTERVALS
+    from meterhub.hub.config import SCHEMA
+
     values = merged(DB, {"billing": {"image": {"pullSecrets": ["registry-cred"]}}})
     deployment = by_kind(objects(chart, values))[("Deployment", "meterhub-billing")]
     pod = deployment["spec"]["template"]["spec"]
     assert pod["imagePullSecrets"] == [{"name": "registry-cred"}]
-    probe = pod["containers"][0]["readinessProbe"]
-    assert probe["httpGet"] == {"path": "/services/billing/api/v1/health", "port": "http"}
+    (container,) = pod["containers"]
+    readiness, liveness = container["readinessProbe"], container["livenessProbe"]
+    assert readiness == {"tcpSocket": {"port": "http"}, "periodSeconds": 10}
+    assert liveness["httpGet"] == {"path": "/services/billing/api/v1/health", "port": "http"}
+    # /health turns 503 after three meter intervals without a pass; the restart follows a
+    # few checks later, so one slow answer or a slow start-up restarts nothing
+    interval = SCHEMA["properties"]["billing"]["properties"]["meter_interval_seconds"]["default"]
+    assert interval == 60 and UNHEALTHY_AFTER_INTERVALS == 3
+    grace = liveness["periodSeconds"] * liveness["failureThreshold"]
+    assert 60 <= grace <= 3 * interval and liveness["timeoutSeconds"] < liveness["periodSeconds"]
     default = by_kind(objects(chart, DB))[("Deployment", "meterhub-billing")]
     assert "imagePullSecrets" not in default["spec"]["template"]["spec"]
 
@@ -594,3 +607,198 @@ def test_the_database_ca_is_mounted_in_every_billing_pod(chart):
         kubernetes_validate.validate(obj, KUBERNETES_VERSIONS[0], strict=True)
     default = _pod(by_kind(objects(chart, DB))[("Deployment", "meterhub-billing")])
     assert [v["name"] for v in default["volumes"]] == ["site"]
+
+
+# ------------------------------------------------------------ z2jh values meterhub owns
+
+
+def _refused_table() -> dict:
+    """The chart's table of refused z2jh `singleuser` values (a YAML define in _helpers.tpl)."""
+    text = (CHART / "templates" / "_helpers.tpl").read_text()
+    body = re.search(
+        r'define "meterhub.singleuser.refused" -}}\n(.*?)\n{{- end }}', text, re.S
+    ).group(1)
+    return yaml.safe_load(body)
+
+
+def _nested(path: str, value) -> dict:
+    *parents, leaf = path.split(".")
+    result: dict = {leaf: value}
+    for key in reversed(parents):
+        result = {key: result}
+    return {"jupyterhub": {"singleuser": result}}
+
+
+def _other_than(default):
+    if default is None:
+        return "fast-rwo"
+    if isinstance(default, bool):
+        return not default
+    if isinstance(default, int):
+        return 0
+    if isinstance(default, str):
+        return default + "-mine"
+    if isinstance(default, list):
+        return ["ReadWriteMany"] if default else [{"name": "data", "emptyDir": {}}]
+    return {"motd.txt": {"mountPath": "/etc/motd", "stringData": "hi"}}
+
+
+def test_the_charts_refusals_say_what_the_hub_says():
+    from meterhub.hub.k8s import Z2JH_OWNED
+
+    from .k8s.z2jh import SINGLEUSER_DEFAULTS, Z2JH_VERSION
+
+    table = _refused_table()
+    for trait, text in table["instead"].items():
+        assert text == Z2JH_OWNED[trait][1], trait
+    assert {entry["trait"] for entry in table["values"]} == set(table["instead"])
+    # the defaults it lets pass are z2jh's (storage.type: meterhub's none)
+    for entry in table["values"]:
+        node = SINGLEUSER_DEFAULTS
+        for part in entry["value"].split("."):
+            node = node[part]
+        assert node == entry["z2jh"], entry["value"]
+    pinned = yaml.safe_load((CHART / "Chart.yaml").read_text())["dependencies"][0]["version"]
+    assert SINGLEUSER_DEFAULTS["image"]["tag"] == Z2JH_VERSION == pinned
+
+
+def test_z2jh_singleuser_defaults_as_the_subchart_coalesces_them_render(chart):
+    from .k8s.z2jh import SINGLEUSER_DEFAULTS
+
+    values = merged(DB, {"jupyterhub": {"singleuser": SINGLEUSER_DEFAULTS}})
+    assert ("Deployment", "meterhub-billing") in by_kind(objects(chart, values))
+
+
+@pytest.mark.parametrize("entry", _refused_table()["values"], ids=lambda e: e["value"])
+def test_z2jh_singleuser_values_meterhub_would_drop_fail_the_render(chart, entry):
+    from meterhub.hub.k8s import Z2JH_OWNED
+
+    values = merged(DB, _nested(entry["value"], _other_than(entry["z2jh"])))
+    with pytest.raises(helm.HelmError) as e:
+        chart.render(values, name="gpu", namespace="gpu-lab")
+    message = str(e.value)
+    assert f"jupyterhub.singleuser.{entry['value']}: meterhub's spawner does not read it" in message
+    assert Z2JH_OWNED[entry["trait"]][1] in message
+    # what z2jh has passes, and so does a null (Helm removes it)
+    for same in (entry["z2jh"], None):
+        chart.render(merged(DB, _nested(entry["value"], same)), name="gpu", namespace="gpu-lab")
+
+
+def test_a_refusal_names_the_site_key(chart):
+    values = merged(DB, {"jupyterhub": {"singleuser": {"uid": 0}}})
+    with pytest.raises(helm.HelmError) as e:
+        chart.render(values, name="gpu", namespace="gpu-lab")
+    assert (
+        "jupyterhub.singleuser.uid: meterhub's spawner does not read it (leave it at 1000);"
+        " set site.kubernetes.uid"
+    ) in str(e.value)
+
+
+# ------------------------------------------------------------ hub.baseUrl
+
+
+def test_billing_follows_hub_base_url_with_a_prefix(chart, tmp_path, monkeypatch):
+    """jupyterhub.hub.baseUrl /jupyter/: JupyterHub puts the billing service at
+    /jupyter/services/billing/ and the proxy forwards that whole path to the billing pod,
+    which must serve there; its hub API is under the base URL too; servers get the API
+    under the same prefix. With a fullnameOverride as well."""
+    from jupyterhub.services.service import Service
+
+    values = merged(_prefixed("lab", "lab-pool"), {"jupyterhub": {"hub": {"baseUrl": "/jupyter/"}}})
+    found = by_kind(objects_of(chart, values, "lab"))
+    pod = _pod(found[("Deployment", "lab-meterhub-billing")])
+    (container,) = pod["containers"]
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    prefix = Service(name="billing", base_url="/jupyter/").prefix
+    assert prefix == "/jupyter/services/billing/"
+    assert env["JUPYTERHUB_SERVICE_PREFIX"] == prefix
+    assert env["JUPYTERHUB_BASE_URL"] == "/jupyter/"
+    assert env["JUPYTERHUB_API_URL"] == "http://lab-hub:8081/jupyter/hub/api"
+    assert env["JUPYTERHUB_OAUTH_CALLBACK_URL"] == f"{prefix}oauth_callback"
+    assert container["livenessProbe"]["httpGet"]["path"] == f"{prefix}api/v1/health"
+
+    # the hub, from the site ConfigMap it mounts and the URL it reads from it
+    configmap = found[("ConfigMap", "lab-meterhub-site")]
+    site = tmp_path / "meterhub.yaml"
+    site.write_text(configmap["data"]["meterhub.yaml"])
+    monkeypatch.setenv("METERHUB_BILLING_SERVICE_URL", configmap["data"]["billing-service-url"])
+    monkeypatch.setenv("METERHUB_DB_URL", f"sqlite:///{tmp_path}/ledger.sqlite")
+    c = Config()
+    c.JupyterHub.base_url = "/jupyter/"  # z2jh's, from hub.baseUrl
+    c.JupyterHub.services = [{"name": "billing", "display": False}]
+    configure(c, str(site))
+    assert c.JupyterHub.services[0]["url"] == "http://lab-meterhub-billing:8082"
+    assert c.KubeGPUSpawner.meterhub_environment == {
+        "METERHUB_BILLING_URL": f"http://lab-meterhub-billing:8082{prefix}api/v1"
+    }
+    for obj in found.values():
+        kubernetes_validate.validate(obj, KUBERNETES_VERSIONS[-1], strict=True)
+
+
+def objects_of(chart, values: dict, release: str) -> list[dict]:
+    manifests = chart.render(values, name=release, namespace="gpu")
+    return [d for p, t in manifests.items() if p.endswith(".yaml") for d in yaml.safe_load_all(t) if d]  # fmt: skip
+
+
+def test_the_billing_app_answers_its_probes_at_the_rendered_paths(chart, tmp_path):
+    """The billing app, made with the prefix the chart gives it, serves the liveness path:
+    200 while the meter passes, 503 once it has stalled three intervals."""
+    import asyncio
+
+    from tornado.httpclient import AsyncHTTPClient
+    from tornado.httpserver import HTTPServer
+    from tornado.testing import bind_unused_port
+
+    from meterhub.billing_hooks.clock import FakeClock
+    from meterhub.billing_hooks.db import connect
+    from meterhub.billing_hooks.ledger import Ledger
+    from meterhub.billing_hooks.meter import UNHEALTHY_AFTER_INTERVALS, Meter
+    from meterhub.billing_hooks.service import make_app
+
+    values = merged(DB, {"jupyterhub": {"hub": {"baseUrl": "/jupyter"}}})
+    (container,) = _pod(by_kind(objects(chart, values))[("Deployment", "meterhub-billing")])[
+        "containers"]  # fmt: skip
+    prefix = _env(container)["JUPYTERHUB_SERVICE_PREFIX"]["value"]
+    path = container["livenessProbe"]["httpGet"]["path"]
+    assert prefix == "/jupyter/services/billing/" and path.startswith(prefix)
+
+    class Hub:
+        async def user_exists(self, name):
+            return False
+
+        async def running_servers(self):
+            return {}
+
+    clock = FakeClock()
+    ledger = Ledger(connect(f"sqlite:///{tmp_path}/l.sqlite"), clock=clock)
+    meter = Meter(ledger, Hub(), clock=clock)
+
+    async def probe():
+        sock, port = bind_unused_port()
+        server = HTTPServer(make_app(prefix, ledger, 0, Hub(), Config(), [30], meter))
+        server.add_sockets([sock])
+        client = AsyncHTTPClient()
+        codes = []
+        try:
+            for advance in (0, UNHEALTHY_AFTER_INTERVALS * meter.interval_seconds):
+                clock.advance(advance)
+                response = await client.fetch(f"http://127.0.0.1:{port}{path}", raise_error=False)
+                codes.append(response.code)
+            wrong = await client.fetch(
+                f"http://127.0.0.1:{port}/services/billing/api/v1/health", raise_error=False
+            )
+            codes.append(wrong.code)
+        finally:
+            server.stop()
+        return codes
+
+    assert asyncio.run(probe()) == [200, 503, 404]
+
+
+def test_a_base_url_set_in_hub_config_instead_of_hub_base_url_fails(chart):
+    values = merged(DB, {"jupyterhub": {"hub": {"config": {"JupyterHub": {"base_url": "/x/"}}}}})
+    with pytest.raises(helm.HelmError) as e:
+        chart.render(values, name="gpu", namespace="gpu-lab")
+    assert 'set jupyterhub.hub.baseUrl: "/x/" instead' in str(e.value)
+    agreeing = {"hub": {"baseUrl": "/x", "config": {"JupyterHub": {"base_url": "/x/"}}}}
+    chart.render(merged(DB, {"jupyterhub": agreeing}), name="gpu", namespace="gpu-lab")

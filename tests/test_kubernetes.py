@@ -264,8 +264,7 @@ def test_inside_z2jh_each_start_begins_from_the_configuration(tmp_path):
     c = Config()  # what z2jh's own config leaves behind (values from its defaults)
     c.KubeSpawner.profile_list = []
     c.KubeSpawner.image = "quay.io/jupyterhub/k8s-singleuser-sample:4.3.3"
-    c.KubeSpawner.volumes = [{"name": "volume-{user_server}", "persistentVolumeClaim": {}}]
-    c.KubeSpawner.pvc_name_template = "claim-{user_server}"
+    c.KubeSpawner.pvc_name_template = "claim-{user_server}"  # KubeSpawner's own default
     dedicated = {"key": "hub.jupyter.org/dedicated", "operator": "Equal", "value": "user",
                  "effect": "NoSchedule"}  # fmt: skip
     c.KubeSpawner.tolerations = [dedicated]
@@ -355,7 +354,6 @@ def test_meterhub_settings_hold_over_z2jh_config_in_either_order(
         path,
         meterhub_first=meterhub_first,
         environment={"TZ": "Asia/Shanghai"},  # an operator's singleuser.extraEnv
-        storage_dynamic=True,  # even with z2jh's own storage left on
     )
     api = "http://lab-meterhub-billing:8082/services/billing/api/v1"
 
@@ -386,6 +384,122 @@ def test_meterhub_settings_hold_over_z2jh_config_in_either_order(
     assert pvc["metadata"]["name"] == "claim-alice"
     for document in (pod, pvc):
         kubernetes_validate.validate(document, KUBERNETES_VERSIONS[-1], strict=True)
+
+
+# ------------------------------------------------------------ z2jh values meterhub owns
+
+
+def _refusal(trait: str) -> str:
+    from meterhub.hub.k8s import Z2JH_OWNED
+
+    return Z2JH_OWNED[trait][1]
+
+
+def test_every_owned_trait_has_a_refusal_and_z2jhs_version_is_the_pinned_one():
+    from meterhub.hub.k8s import Z2JH_OWNED, Z2JH_VERSION
+    from meterhub.spawner.kube import OWNED_TRAITS
+
+    from .k8s.z2jh import Z2JH_VERSION as STAND_IN_VERSION
+
+    assert set(Z2JH_OWNED) == {*OWNED_TRAITS, "image"}
+    chart = yaml.safe_load((Path(__file__).parent.parent / "helm/meterhub/Chart.yaml").read_text())
+    assert Z2JH_VERSION == STAND_IN_VERSION == chart["dependencies"][0]["version"]
+
+
+@pytest.mark.parametrize(
+    "singleuser, trait, z2jh_value",
+    [
+        ({"uid": 0}, "uid", "jupyterhub.singleuser.uid"),
+        ({"fs_gid": 0}, "fs_gid", "jupyterhub.singleuser.fsGid"),
+        ({"allow_privilege_escalation": True}, "allow_privilege_escalation",
+         "jupyterhub.singleuser.allowPrivilegeEscalation"),
+        # allowPrivilegeEscalation: null reaches KubeSpawner as None
+        ({"allow_privilege_escalation": None}, "allow_privilege_escalation",
+         "jupyterhub.singleuser.allowPrivilegeEscalation"),
+        ({"image": "registry.example/lab:1"}, "image", "jupyterhub.singleuser.image"),
+        ({"profile_list": [{"display_name": "big"}]}, "profile_list",
+         "jupyterhub.singleuser.profileList"),
+        ({"extra_volumes": [{"name": "data", "emptyDir": {}}]}, "volumes",
+         "jupyterhub.singleuser.storage (type, extraVolumes)"),
+        ({"extra_volume_mounts": [{"name": "data", "mountPath": "/data"}]}, "volume_mounts",
+         "singleuser.storage (type, homeMountPath, extraVolumeMounts)"),
+        ({"storage_dynamic": True}, "storage_pvc_ensure", "jupyterhub.singleuser.storage.type"),
+    ],
+)  # fmt: skip
+def test_z2jh_singleuser_values_meterhub_would_drop_stop_the_hub(
+    tmp_path, singleuser, trait, z2jh_value
+):
+    from meterhub.hub.config import ConfigError
+
+    with pytest.raises(ConfigError) as e:
+        _z2jh_then_meterhub(_site_file(tmp_path), **singleuser)
+    message = str(e.value)
+    assert f"c.KubeSpawner.{trait} = " in message
+    assert z2jh_value in message and _refusal(trait) in message
+
+
+@pytest.mark.parametrize(
+    "section, trait, value",
+    [
+        ("KubeSpawner", "gid", 0),
+        ("KubeSpawner", "storage_class", "fast"),
+        ("KubeSpawner", "storage_capacity", "1Ti"),
+        ("Spawner", "container_security_context", {"privileged": True}),
+        ("KubeSpawner", "automount_service_account_token", True),
+        ("Spawner", "uid", 0),
+    ],
+)
+def test_owned_traits_from_hub_config_stop_the_hub(tmp_path, section, trait, value):
+    """hub.config (or an earlier extraConfig) lands on c.KubeSpawner / c.Spawner too."""
+    from meterhub.hub.config import ConfigError
+
+    c = apply_z2jh_defaults()
+    c[section][trait] = value
+    with pytest.raises(ConfigError) as e:
+        _configure(c, _site_file(tmp_path))
+    assert f"c.{section}.{trait} = {value!r}" in str(e.value) and _refusal(trait) in str(e.value)
+
+
+def apply_z2jh_defaults():
+    from traitlets.config import Config
+
+    from .k8s.z2jh import apply_z2jh_config
+
+    return apply_z2jh_config(Config())
+
+
+def _configure(c, path):
+    from meterhub.hub.k8s import configure
+
+    return configure(c, path)
+
+
+def test_z2jh_defaults_and_kubespawners_own_pass(tmp_path):
+    c = apply_z2jh_defaults()
+    c.KubeSpawner.storage_access_modes = ["ReadWriteOnce"]  # KubeSpawner's default
+    c.KubeSpawner.allow_privilege_escalation = False
+    c.KubeGPUSpawner.uid = 2000  # meterhub's own section: read (site.kubernetes.uid sets it)
+    _configure(c, _site_file(tmp_path))
+
+
+def test_the_servers_billing_url_follows_the_hub_base_url(tmp_path, monkeypatch):
+    """z2jh sets c.JupyterHub.base_url from jupyterhub.hub.baseUrl; JupyterHub then puts the
+    billing service at {base_url}services/billing/, and the proxy forwards the whole path."""
+    import asyncio
+
+    from jupyterhub.services.service import Service
+
+    monkeypatch.setenv("METERHUB_BILLING_SERVICE_URL", "http://lab-meterhub-billing:8082")
+    for configured, base in (("/jupyter/", "/jupyter/"), ("/a/b", "/a/b/"), ("/", "/")):
+        c = apply_z2jh_defaults()
+        c.JupyterHub.base_url = configured
+        _configure(c, _site_file(tmp_path))
+        prefix = Service(name="billing", base_url=base).prefix
+        assert prefix == f"{base}services/billing/"
+        api = f"http://lab-meterhub-billing:8082{prefix}api/v1"
+        assert c.KubeGPUSpawner.meterhub_environment == {"METERHUB_BILLING_URL": api}
+        spawner, _ = asyncio.run(_effective(c))
+        assert spawner.get_env()["METERHUB_BILLING_URL"] == api
 
 
 def test_an_operators_post_start_hook_runs_after_the_starter_copy(tmp_path):

@@ -15,6 +15,35 @@ from traitlets.config import Config
 
 Z2JH_VERSION = "4.3.3"
 
+#: z2jh's `singleuser` values (jupyterhub/values.yaml at Z2JH_VERSION) that set the traits
+#: meterhub's KubeGPUSpawner owns, as the subchart's defaults reach the parent chart's
+#: `.Values.jupyterhub` when Helm coalesces them (null: absent); storage.type is meterhub's
+SINGLEUSER_DEFAULTS = {
+    "image": {"name": "quay.io/jupyterhub/k8s-singleuser-sample", "tag": Z2JH_VERSION,
+              "pullPolicy": None, "pullSecrets": []},
+    "profileList": [],
+    "uid": 1000,
+    "fsGid": 100,
+    "allowPrivilegeEscalation": False,
+    "extraFiles": {},
+    "storage": {
+        "type": "none",
+        "extraLabels": {},
+        "extraVolumes": [],
+        "extraVolumeMounts": [],
+        "static": {"pvcName": None, "subPath": "{username}"},
+        "capacity": "10Gi",
+        "homeMountPath": "/home/jovyan",
+        "dynamic": {
+            "storageClass": None,
+            "pvcNameTemplate": None,
+            "volumeNameTemplate": "volume-{user_server}",
+            "storageAccessModes": ["ReadWriteOnce"],
+            "subPath": None,
+        },
+    },
+}  # fmt: skip
+
 #: scheduling.userPods.tolerations (z2jh default)
 DEDICATED_TOLERATIONS = [
     {"key": "hub.jupyter.org/dedicated", "operator": "Equal", "value": "user", "effect": "NoSchedule"},
@@ -58,7 +87,7 @@ def apply_z2jh_config(
     )
     c.KubeSpawner.extra_annotations = {}
     c.KubeSpawner.uid = value("uid", 1000)
-    c.KubeSpawner.fs_gid = 100
+    c.KubeSpawner.fs_gid = value("fs_gid", 100)
     c.KubeSpawner.storage_extra_labels = {}
     c.KubeSpawner.node_selector = value("node_selector", {})
     c.KubeSpawner.node_affinity_required = []
@@ -74,10 +103,11 @@ def apply_z2jh_config(
     c.KubeSpawner.extra_resource_limits = {}
     c.KubeSpawner.extra_resource_guarantees = {}
     c.KubeSpawner.environment = value("environment", {})  # singleuser.extraEnv
-    c.KubeSpawner.profile_list = []
+    c.KubeSpawner.profile_list = value("profile_list", [])
     c.KubeSpawner.extra_pod_config = {}
-    c.KubeSpawner.image = f"quay.io/jupyterhub/k8s-singleuser-sample:{Z2JH_VERSION}"
-    c.KubeSpawner.allow_privilege_escalation = False
+    c.KubeSpawner.image = value("image", f"quay.io/jupyterhub/k8s-singleuser-sample:{Z2JH_VERSION}")
+    # get_config: None when the value is null
+    c.KubeSpawner.allow_privilege_escalation = value("allow_privilege_escalation", False)
     # image_pull_secrets: none by default
     c.KubeSpawner.scheduler_name = f"{release}-user-scheduler"  # userScheduler.enabled
     c.KubeSpawner.node_affinity_preferred.append(NODE_PURPOSE_PREFERRED)
@@ -98,8 +128,8 @@ def apply_z2jh_config(
             {"mountPath": "/home/jovyan", "name": "volume-{user_server}"}
         ]
     # singleuser.extraFiles: none
-    c.KubeSpawner.volumes.extend([])  # singleuser.storage.extraVolumes
-    c.KubeSpawner.volume_mounts.extend([])  # singleuser.storage.extraVolumeMounts
+    c.KubeSpawner.volumes.extend(value("extra_volumes", []))  # singleuser.storage.extraVolumes
+    c.KubeSpawner.volume_mounts.extend(value("extra_volume_mounts", []))  # .extraVolumeMounts
     c.Spawner.cmd = "jupyterhub-singleuser"  # singleuser.cmd
     # singleuser.cloudMetadata.blockWithIptables: false (meterhub's values): no init container
     # hub.config, then jupyterhub_config.d, then hub.extraConfig (sorted by key) follow

@@ -229,4 +229,93 @@ data_dir: "the ledger is billing.database and the hub's own database is jupyterh
 {{- if ne (get $hubEnv "key" | default "") .Values.billing.database.secretKey }}
 {{- fail (printf "jupyterhub.hub.extraEnv.METERHUB_DB_URL.valueFrom.secretKeyRef.key must be %q" .Values.billing.database.secretKey) }}
 {{- end }}
+{{- include "meterhub.singleuser.checks" . }}
+{{- end }}
+
+{{/* The hub's base URL (jupyterhub.hub.baseUrl, z2jh's default "/"), as JupyterHub
+    normalizes it: "/" or "/a/b/". */}}
+{{- define "meterhub.baseUrl" -}}
+{{- $hub := dig "hub" dict (.Values.jupyterhub | default dict) -}}
+{{- $stripped := get $hub "baseUrl" | default "/" | trimAll "/" -}}
+{{- if $stripped }}/{{ $stripped }}/{{ else }}/{{ end -}}
+{{- end }}
+
+{{/* Where JupyterHub puts the billing service, and where the billing pod must serve it:
+    the proxy forwards the whole path (hub.k8s.billing_prefix computes the same). */}}
+{{- define "meterhub.billing.prefix" -}}
+{{- include "meterhub.baseUrl" . }}services/billing/
+{{- end }}
+
+{{/*
+    z2jh `singleuser` values that set KubeSpawner traits meterhub's KubeGPUSpawner does not
+    read (spawner/kube.py OWNED_TRAITS, and the image the site config sets): each is refused
+    unless it is what z2jh's chart (or meterhub's values, for storage.type) has, with what to
+    set instead. The hub refuses the same traits at start-up (hub/k8s.py Z2JH_OWNED, whose
+    texts `instead` repeats; tests/test_helm_chart.py checks they agree). Values at z2jh
+    4.3.3's defaults (jupyterhub/values.yaml); a null is absent. storage.dynamic.* and
+    storage.static.* are read by z2jh only with storage.type dynamic or static, refused too.
+*/}}
+{{- define "meterhub.singleuser.refused" -}}
+values:
+  - {value: image.name, z2jh: quay.io/jupyterhub/k8s-singleuser-sample, trait: image}
+  - {value: image.tag, z2jh: "4.3.3", trait: image}
+  - {value: profileList, z2jh: [], trait: profile_list}
+  - {value: uid, z2jh: 1000, trait: uid}
+  - {value: fsGid, z2jh: 100, trait: fs_gid}
+  - {value: allowPrivilegeEscalation, z2jh: false, trait: allow_privilege_escalation}
+  - {value: storage.type, z2jh: none, trait: volumes}
+  - {value: storage.capacity, z2jh: 10Gi, trait: storage_capacity}
+  - {value: storage.homeMountPath, z2jh: /home/jovyan, trait: volume_mounts}
+  - {value: storage.extraVolumes, z2jh: [], trait: volumes}
+  - {value: storage.extraVolumeMounts, z2jh: [], trait: volume_mounts}
+  - {value: storage.dynamic.storageClass, z2jh: null, trait: storage_class}
+  - {value: storage.dynamic.storageAccessModes, z2jh: [ReadWriteOnce], trait: storage_access_modes}
+  - {value: storage.dynamic.pvcNameTemplate, z2jh: null, trait: pvc_name_template}
+  - {value: storage.dynamic.volumeNameTemplate, z2jh: "volume-{user_server}", trait: volumes}
+  - {value: storage.dynamic.subPath, z2jh: null, trait: volume_mounts}
+  - {value: storage.static.pvcName, z2jh: null, trait: volumes}
+  - {value: storage.static.subPath, z2jh: "{username}", trait: volume_mounts}
+  - {value: extraFiles, z2jh: {}, trait: volumes}
+instead:
+  image: "set site.kubernetes.image (debug mode, and GPU profiles unless site.kubernetes.gpu_image is set)"
+  profile_list: "profiles come from meterhub's catalog: set site.profiles and site.gpu_types"
+  uid: "set site.kubernetes.uid"
+  fs_gid: "not supported: servers run with fsGroup 100"
+  allow_privilege_escalation: "not supported: servers never gain privileges"
+  storage_capacity: "set site.kubernetes.disk_size"
+  storage_class: "set site.kubernetes.storage_class"
+  storage_access_modes: "not supported: each user's disk is ReadWriteOnce"
+  pvc_name_template: &storage "not supported: meterhub's spawner owns the servers' storage: one disk per user (claim-{username}, sized by site.kubernetes.disk_size, class site.kubernetes.storage_class), the read-only /public pool (the chart's public.*) and /dev/shm; leave jupyterhub.singleuser.storage.type none"
+  volumes: *storage
+  volume_mounts: *storage
+{{- end }}
+
+{{- define "meterhub.singleuser.checks" -}}
+{{- $singleuser := dig "singleuser" dict (.Values.jupyterhub | default dict) -}}
+{{- $table := include "meterhub.singleuser.refused" . | fromYaml -}}
+{{- range $entry := $table.values }}
+{{- $node := $singleuser -}}
+{{- $found := true -}}
+{{- range $part := splitList "." $entry.value }}
+{{- if and $found (kindIs "map" $node) }}
+{{- if hasKey $node $part }}
+{{- $node = index $node $part -}}
+{{- else }}
+{{- $found = false -}}
+{{- end }}
+{{- else }}
+{{- $found = false -}}
+{{- end }}
+{{- end }}
+{{- if and $found (not (kindIs "invalid" $node)) (ne (toJson $node) (toJson $entry.z2jh)) }}
+{{- $leave := ternary "unset" (printf "at %s" (toJson $entry.z2jh)) (kindIs "invalid" $entry.z2jh) }}
+{{- fail (printf "jupyterhub.singleuser.%s: meterhub's spawner does not read it (leave it %s); %s" $entry.value $leave (get $table.instead $entry.trait)) }}
+{{- end }}
+{{- end }}
+{{- /* hub.config lands on c.JupyterHub after z2jh's hub.baseUrl: the billing pod's prefix
+    follows hub.baseUrl only */ -}}
+{{- $configured := dig "hub" "config" "JupyterHub" "base_url" "" (.Values.jupyterhub | default dict) -}}
+{{- if and $configured (ne (trimAll "/" $configured) (trimAll "/" (include "meterhub.baseUrl" .))) }}
+{{- fail (printf "jupyterhub.hub.config.JupyterHub.base_url: set jupyterhub.hub.baseUrl: %q instead (the billing service's prefix follows it)" $configured) }}
+{{- end }}
 {{- end }}
