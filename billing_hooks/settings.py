@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-import functools
+import threading
 from decimal import Decimal
 
 from traitlets import Dict, Int, List, Unicode
@@ -83,9 +83,21 @@ class BillingSettings(LoggingConfigurable):
         )
 
 
-@functools.cache
+_ENGINES: dict[str, object] = {}
+#: the first connection to a ledger may migrate it, and alembic's operations are module
+#: globals: two threads migrating at once (the trial-credit thread and a spawn at a new
+#: hub's first sign-in) crashed the interpreter. One connects; the others wait for it.
+_ENGINES_LOCK = threading.Lock()
+
+
 def _engine(db_url: str):
-    return connect(db_url)
+    engine = _ENGINES.get(db_url)
+    if engine is None:
+        with _ENGINES_LOCK:
+            engine = _ENGINES.get(db_url)
+            if engine is None:
+                engine = _ENGINES[db_url] = connect(db_url)
+    return engine
 
 
 def priced_catalog(config, ledger: Ledger):
