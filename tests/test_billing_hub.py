@@ -9,7 +9,6 @@ import os
 import re
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -21,10 +20,10 @@ from meterhub.billing_hooks.ledger import Ledger
 from meterhub.billing_hooks.money import accrued, format_money, to_micros
 from meterhub.billing_hooks.orm import MeteredSession
 
+from .clirun import run_cli
 from .hubprocess import ADMIN_TOKEN, until
 from .jupyter import execute
 
-METERHUB = str(Path(sys.executable).parent / "meterhub")
 DEBUG_RATE = to_micros("3.60")  # 0.001 per second: a few seconds show up in micros
 
 
@@ -41,13 +40,7 @@ def billed(hub_factory):
 
 
 def cli(hub, *args) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [METERHUB, *args, "--config", str(hub.config_path)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=hub.workdir,
-    )
+    return run_cli([*args, "--config", str(hub.config_path)], cwd=hub.workdir)
 
 
 def test_new_account_gets_trial_credit_once(billed):

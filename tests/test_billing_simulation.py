@@ -22,7 +22,7 @@ from meterhub.billing_hooks.money import MICROS, accrued, to_micros
 
 from .billing_support import make_ledger
 
-SEEDS = int(os.environ.get("METERHUB_SIM_SEEDS", "200"))
+SEEDS = int(os.environ.get("METERHUB_SIM_SEEDS", "120"))
 PG_SEEDS = int(os.environ.get("METERHUB_SIM_PG_SEEDS", "10"))
 STEPS = 60
 USERS = ("ann", "bo", "cy")
