@@ -110,67 +110,49 @@ def _money(micros: int, settings: BillingSettings) -> str:
     return format_money(micros, settings.currency, symbol=False)
 
 
-def _post(action, *arguments) -> actions.Posted:
+def _write(args, settings, ledger, action, subject, *fields, done) -> int:
+    """Write one entry through an action under the operator's (or a new, printed) key, and
+    say what it did: `done(entry)` then the balance; a replay says so instead."""
+    key = _key(args)
     try:
-        return action(*arguments)
+        posted = action(
+            ledger, subject, *fields, key, Decimal(settings.max_grant), "cli", cli_actor()
+        )
     except actions.ActionError as e:
         raise CliError(e.message) from None
-
-
-def _replayed(posted: actions.Posted, key: str) -> bool:
+    entry = posted.value
     if posted.replayed:
-        print(f"already done (key {key}): entry {posted.value.id}")
-    return posted.replayed
+        print(f"already done (key {key}): entry {entry.id}")
+    else:
+        balance = _money(entry.balance_after_micros, settings)
+        print(f"{done(entry)}; balance {balance} (entry {entry.id})")
+    return 0
 
 
 def credit_grant(args) -> int:
     c, settings = _load(args)
     _require_user(c, args.user)
+
+    def done(entry):
+        return f"granted {_money(entry.amount_micros, settings)} to {args.user}"
+
     ledger = settings.ledger()
-    key = _key(args)
-    posted = _post(
-        actions.grant,
-        ledger,
-        args.user,
-        args.amount,
-        args.note or "",
-        key,
-        Decimal(settings.max_grant),
-        "cli",
-        cli_actor(),
+    return _write(
+        args, settings, ledger, actions.grant, args.user, args.amount, args.note or "", done=done
     )
-    if not _replayed(posted, key):
-        entry = posted.value
-        print(
-            f"granted {_money(entry.amount_micros, settings)} to {args.user}; balance"
-            f" {_money(entry.balance_after_micros, settings)} (entry {entry.id})"
-        )
-    return 0
 
 
 def credit_adjust(args) -> int:
     c, settings = _load(args)
     _require_user(c, args.user)
+
+    def done(entry):
+        return f"adjusted {args.user} by {_money(entry.amount_micros, settings)}"
+
     ledger = settings.ledger()
-    key = _key(args)
-    posted = _post(
-        actions.adjust,
-        ledger,
-        args.user,
-        args.amount,
-        args.reason,
-        key,
-        Decimal(settings.max_grant),
-        "cli",
-        cli_actor(),
+    return _write(
+        args, settings, ledger, actions.adjust, args.user, args.amount, args.reason, done=done
     )
-    if not _replayed(posted, key):
-        entry = posted.value
-        print(
-            f"adjusted {args.user} by {_money(entry.amount_micros, settings)}; balance"
-            f" {_money(entry.balance_after_micros, settings)} (entry {entry.id})"
-        )
-    return 0
 
 
 def billing_refund(args) -> int:
@@ -180,26 +162,15 @@ def billing_refund(args) -> int:
     session_id = int(raw)
     _c, settings = _load(args)
     ledger = settings.ledger()
-    key = _key(args)
-    posted = _post(
-        actions.refund,
-        ledger,
-        session_id,
-        args.amount,
-        args.reason,
-        key,
-        Decimal(settings.max_grant),
-        "cli",
-        cli_actor(),
-    )
-    if not _replayed(posted, key):
-        entry = posted.value
+
+    def done(entry):
         user = ledger.session(session_id).user_name
-        print(
-            f"refunded {_money(entry.amount_micros, settings)} of session {session_id} to"
-            f" {user}; balance {_money(entry.balance_after_micros, settings)} (entry {entry.id})"
-        )
-    return 0
+        amount = _money(entry.amount_micros, settings)
+        return f"refunded {amount} of session {session_id} to {user}"
+
+    return _write(
+        args, settings, ledger, actions.refund, session_id, args.amount, args.reason, done=done
+    )
 
 
 def credit_show(args) -> int:
