@@ -159,9 +159,34 @@ def register_trial_credit(config) -> None:
                     "Could not open %s's wallet with trial credit: %s", name, task.exception()
                 )
 
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            # no event loop in this thread (a tool run in the hub's process): write it now
+            try:
+                trial()
+            except Exception as e:
+                log.error("Could not open %s's wallet with trial credit: %s", name, e)
+            return
         _keep(asyncio.ensure_future(asyncio.to_thread(trial))).add_done_callback(report)
 
     event.listen(orm.User, "after_insert", created)
+    _TRIAL_LISTENERS.append(created)
+
+
+#: the listeners register_trial_credit added in this process
+_TRIAL_LISTENERS: list = []
+
+
+def unregister_trial_credit() -> None:
+    """Remove every trial-credit listener this process added (tests configure many hubs)."""
+    from jupyterhub import orm
+    from sqlalchemy import event
+
+    while _TRIAL_LISTENERS:
+        listener = _TRIAL_LISTENERS.pop()
+        if event.contains(orm.User, "after_insert", listener):
+            event.remove(orm.User, "after_insert", listener)
 
 
 # ------------------------------------------------------------ composition with operators' hooks

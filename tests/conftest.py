@@ -23,6 +23,17 @@ def admin_token() -> str:
     return ADMIN_TOKEN
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _no_trial_listener_outlives_its_module():
+    """Configuring a hub in this process (meterhub.hub.k8s.configure, the in-process hubs)
+    adds a trial-credit listener on JupyterHub's users table: it must not fire for another
+    module's accounts."""
+    yield
+    from meterhub.billing_hooks.hooks import unregister_trial_credit
+
+    unregister_trial_credit()
+
+
 @pytest.fixture(scope="module")
 def hub_factory(tmp_path_factory):
     hubs: list[HubProcess] = []

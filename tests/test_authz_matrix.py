@@ -206,54 +206,55 @@ def concrete(path: str) -> str:
     return path.format(name=USER, session_id=999999, profile="debug")
 
 
+def token_headers(hub, actor: str) -> dict:
+    token = hub.tokens[actor]
+    return {"Authorization": f"token {token}"} if token else {}
+
+
 @pytest.mark.parametrize("method,path", sorted(API))
 def test_billing_api_answers_each_actor_as_the_table_says(matrix_hub, method, path):
     body, expected = API[(method, path)]
-    got = {}
-    for actor in A:
-        token = matrix_hub.tokens[actor]
-        headers = {"Authorization": f"token {token}"} if token else {}
-        r = requests.request(
+    url = f"{matrix_hub.url}/services/billing/api/v1{concrete(path)}"
+    got = {
+        actor: requests.request(
             method,
-            f"{matrix_hub.url}/services/billing/api/v1{concrete(path)}",
-            headers=headers,
+            url,
+            headers=token_headers(matrix_hub, actor),
             json=body,
             allow_redirects=False,
             timeout=60,
-        )
-        got[actor] = r.status_code
+        ).status_code
+        for actor in A
+    }
     assert got == expected
+
+
+def page_status(hub, actor: str, method: str, path: str, form: dict | None) -> int:
+    """What the page answers this actor: a signed-in browser session (with the form's
+    XSRF token) or a bare request with the actor's token."""
+    if actor.endswith("_cookie"):
+        who = ("admin", admin_password(hub)) if actor == "admin_cookie" else (USER, PASSWORD)
+        session, headers = session_of(hub, *who), {}
+        data = form and {**form, "_xsrf": xsrf(session)}
+    else:
+        session, headers, data = requests.Session(), token_headers(hub, actor), form
+    if data is not None:
+        data = {**data, "key": str(uuid.uuid4())}
+    r = session.request(
+        method,
+        f"{hub.url}/hub{path}",
+        headers=headers,
+        data=data,
+        allow_redirects=False,
+        timeout=60,
+    )
+    return r.status_code
 
 
 @pytest.mark.parametrize("method,path", sorted(PAGES))
 def test_money_pages_answer_each_actor_as_the_table_says(matrix_hub, method, path):
     form, expected = PAGES[(method, path)]
-    got = {}
-    for actor in P:
-        if actor.endswith("_cookie"):
-            session = (
-                session_of(matrix_hub, "admin", admin_password(matrix_hub))
-                if actor == "admin_cookie"
-                else session_of(matrix_hub, USER, PASSWORD)
-            )
-            headers = {}
-            data = form and {**form, "_xsrf": xsrf(session)}
-        else:
-            session = requests.Session()
-            token = matrix_hub.tokens[actor]
-            headers = {"Authorization": f"token {token}"} if token else {}
-            data = form
-        if data is not None:
-            data = {**data, "key": str(uuid.uuid4())}
-        r = session.request(
-            method,
-            f"{matrix_hub.url}/hub{path}",
-            headers=headers,
-            data=data,
-            allow_redirects=False,
-            timeout=60,
-        )
-        got[actor] = r.status_code
+    got = {actor: page_status(matrix_hub, actor, method, path, form) for actor in P}
     assert got == expected
 
 
