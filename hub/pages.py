@@ -91,11 +91,12 @@ class MeterhubPage(BaseHandler):
     def money(self, micros: int) -> str:
         return format_money(micros, self.billing.currency)
 
-    @property
-    def capacity(self) -> dict[str, int] | None:
-        """GPUs per type passes may reserve (the local inventory), found once."""
+    async def capacity(self) -> dict[str, int] | None:
+        """GPUs per type passes may reserve (the local inventory), found once, off the event
+        loop (finding GPUs may ask NVML)."""
         if "meterhub_capacity" not in self.settings:
-            self.settings["meterhub_capacity"] = pass_capacity(self.settings["config"])
+            found = await asyncio.to_thread(pass_capacity, self.settings["config"])
+            self.settings["meterhub_capacity"] = found
         return self.settings["meterhub_capacity"]
 
     #: the page's template, and what it shows (set by each page)
@@ -141,7 +142,7 @@ class WalletPage(MeterhubPage):
         user = self.current_user.name
         ledger = await self.billing.ledger_async()
         now = int(time.time())
-        capacity = self.capacity
+        capacity = await self.capacity()
         scopes = self.expanded_scopes
 
         def read():
@@ -200,7 +201,7 @@ class WalletPassesPage(WalletPage):
             self.get_body_argument("key", ""),
             "page",
             self.current_user.name,
-            self.capacity,
+            await self.capacity(),
         )
         if posted is not None:
             held = posted.value
