@@ -6,17 +6,20 @@
 - meter_batch.py — the meter's pass over many running sessions (the hot path)
 - audit.py — the invariants, checked on demand
 - queries.py — what pages, the CLI and the REST API read
+- groups.py — groups with wallets: settings, admins, caps, the hub's membership changes
 """
 
 from __future__ import annotations
 
 from .audit import Audit
+from .groups import Groups
 from .meter_batch import MeterBatch, WalletView
 from .postings import (
     HUB,
     METER,
     SYSTEM,
     Authorization,
+    CapReached,
     ConcurrentUpdate,
     InsufficientCredit,
     KeyConflict,
@@ -24,13 +27,14 @@ from .postings import (
     NoCapacity,
     Posted,
     Postings,
+    UnknownWallet,
     uncovered,
     window_amount,
 )
 from .queries import Queries
 
 
-class Ledger(Queries, Audit, MeterBatch, Postings):
+class Ledger(Groups, Queries, Audit, MeterBatch, Postings):
     """All methods are blocking: the hub and the meter call them off their event loops."""
 
 
@@ -39,6 +43,7 @@ __all__ = [
     "METER",
     "SYSTEM",
     "Authorization",
+    "CapReached",
     "ConcurrentUpdate",
     "InsufficientCredit",
     "KeyConflict",
@@ -46,6 +51,7 @@ __all__ = [
     "LedgerError",
     "NoCapacity",
     "Posted",
+    "UnknownWallet",
     "WalletView",
     "uncovered",
     "window_amount",

@@ -26,8 +26,10 @@ from urllib.parse import quote
 from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
 
 from .clock import utcnow
+from .groups import RUNWAY_DAYS, CapState, runway_phrase
 from .ledger import Ledger
 from .money import SECONDS_PER_HOUR, format_duration, format_money, seconds_covered
+from .wallets import period_phrase
 
 log = logging.getLogger("meterhub.meter")
 
@@ -60,6 +62,8 @@ class PassResult:
     missed: list[int] = field(default_factory=list)
     #: ready servers that had no open session: stopped
     unbilled: list[tuple[str, str]] = field(default_factory=list)
+    #: (url, JSON body) of group budget alerts to POST to the groups' webhooks
+    webhooks: list[tuple[str, dict]] = field(default_factory=list)
 
 
 class HubClient:
@@ -154,8 +158,16 @@ class Meter:
         interval_seconds: int = 60,
         warn_minutes: list[int] | None = None,
         clock: Callable[[], int] = utcnow,
+        alert_balances_micros: list[int] | None = None,
+        alert_runway_days: int = 7,
+        webhook_timeout_seconds: float = 10,
     ):
         self.ledger = ledger
+        #: group balances under which group admins are told (each once per top-up)
+        self.alert_balances_micros = sorted(alert_balances_micros or [], reverse=True)
+        #: group admins are told when the runway at the last 7 days' burn falls under this
+        self.alert_runway_days = alert_runway_days
+        self.webhook_timeout_seconds = webhook_timeout_seconds
         self.hub = hub
         self.interval_seconds = interval_seconds
         self.warn_minutes = sorted(warn_minutes or [30, 10, 2], reverse=True)
@@ -201,9 +213,11 @@ class Meter:
         missed, gone = await self._confirm_absent(servers, open_rows, snapshot_at)
         result = await asyncio.to_thread(self.charge_pass, servers, snapshot_at, gone)
         await asyncio.to_thread(self._record_missed, missed, result)
-        for user, server_name in result.to_stop:
-            log.warning("Stopping %s/%s: out of credit", user, server_name)
+        for user, server_name in dict.fromkeys(result.to_stop):
+            log.warning("Stopping %s/%s: out of credit or over a cap", user, server_name)
             await self.hub.stop_server(user, server_name)
+        for url, body in result.webhooks:
+            await self._post_webhook(url, body)
         await self._stop_unbilled(listed, open_rows, result)
         self.last_pass_at = self.clock()
         return result
@@ -334,15 +348,136 @@ class Meter:
             # metered_through already advanced and charges only what is new
             views.update(self.ledger.charge_running(ready[i : i + BATCH], now))
         result.charged = len(ready)
-        for view in views.values():
+        groups = [wid for wid, view in views.items() if view.kind == "group"]
+        caps: dict[int, list[CapState]] = {}
+        for state in self.ledger.cap_states(groups, now) if groups else ():
+            caps.setdefault(state.wallet_id, []).append(state)
+        for wid, view in views.items():
             self._check_credit(view, result)
+            if wid in caps:
+                self._check_caps(view, caps[wid], result)
+            if view.kind == "group":
+                self._group_alerts(wid, view, now, result)
         return result
+
+    async def _post_webhook(self, url: str, body: dict) -> None:
+        """POST a group's budget alert; a failure is logged (the in-hub notification stays)."""
+        try:
+            await self.hub.http.fetch(
+                HTTPRequest(
+                    url,
+                    method="POST",
+                    headers={"Content-Type": "application/json"},
+                    body=json.dumps(body),
+                    request_timeout=self.webhook_timeout_seconds,
+                    follow_redirects=False,
+                )
+            )
+        except Exception as e:
+            log.warning("Budget alert webhook %s failed: %s", url, e)
+
+    def _check_caps(self, view, states: list[CapState], result: PassResult) -> None:
+        """Stop (and before that, warn) members whose cap on this group wallet is spent,
+        as the wallet's zero stops everyone: the same path, per member."""
+        currency = self.ledger.currency
+        for state in states:
+            mine = [s for s in view.paying if s.user_name == state.user]
+            if not mine:
+                continue
+            left = state.cap_micros - state.spent_micros
+            phrase = f"Your {view.user} cap {period_phrase(state.period)}"
+            if left <= 0:
+                for session in mine:
+                    result.to_stop.append((session.user_name, session.server_name))
+                    server = f"server {session.server_name!r}" if session.server_name else "server"
+                    self.ledger.notify(
+                        session.user_name,
+                        f"cap-stopped:{session.id}",
+                        "stopped",
+                        f"{phrase} ({format_money(state.cap_micros, currency)}) is used up, so"
+                        f" your {server} was stopped. Your files are kept; ask the group's admin"
+                        " to raise it, or start again paying from your own wallet.",
+                    )
+                continue
+            rate = sum(s.rate_micros_per_hour for s in mine)
+            seconds = seconds_covered(left, rate)
+            for minutes in self.warn_minutes:
+                if seconds is not None and seconds <= minutes * 60:
+                    for session in mine:
+                        key = f"warn-cap:{session.id}:{minutes}"
+                        if self.ledger.notify(
+                            session.user_name,
+                            key,
+                            "warning",
+                            f"{format_duration(seconds)} left of {phrase.lower()}"
+                            f" ({format_money(left, currency)} at {format_money(rate, currency)}/h)"
+                            " — your server will stop; your files are kept.",
+                        ):
+                            result.notified.append(key)
+
+    def _group_alerts(self, wid: int, view, now: int, result: PassResult) -> None:
+        """Tell a group's admins (and its webhook) when its balance falls under a threshold
+        or its runway under `alert_runway_days`: once each until the next top-up."""
+        group = self.ledger.group_view(view.user, (), now)
+        if not group.admins and not group.webhook_url:
+            return
+        currency = self.ledger.currency
+        balance = group.balance_micros
+        runway = group.runway_seconds
+        armed = self.ledger.last_credit_entry(wid)
+        alerts = []
+        for threshold in self.alert_balances_micros:
+            if balance < threshold or (threshold == 0 and balance <= 0):
+                alerts.append(
+                    (
+                        f"below:{threshold}",
+                        "balance",
+                        f"The {group.name} group's balance is {format_money(balance, currency)},"
+                        f" under {format_money(threshold, currency)}."
+                        + (
+                            f" {runway_phrase(runway)} at the last {RUNWAY_DAYS} days' spend."
+                            if runway is not None
+                            else ""
+                        ),
+                    )
+                )
+                break  # the lowest threshold crossed says it all
+        if runway is not None and runway < self.alert_runway_days * 86_400:
+            alerts.append(
+                (
+                    "runway",
+                    "runway",
+                    f"The {group.name} group's credit ({format_money(balance, currency)}) lasts"
+                    f" {runway_phrase(runway)} at the last {RUNWAY_DAYS} days' spend.",
+                )
+            )
+        for tag, kind, message in alerts:
+            for admin in group.admins:
+                if self.ledger.notify(
+                    admin, f"group-alert:{group.name}:{tag}:{armed}:{admin}", "group-alert", message
+                ):
+                    result.notified.append(f"group-alert:{group.name}:{tag}")
+            marker = f"group-alert:{group.name}:{tag}:{armed}:webhook"
+            # a notification of no user marks the webhook sent, once per alert and top-up
+            if group.webhook_url and self.ledger.notify("", marker, "webhook", message):
+                result.webhooks.append(
+                    (
+                        group.webhook_url,
+                        {
+                            "group": group.name,
+                            "alert": kind,
+                            "message": message,
+                            "balance": format_money(balance, currency, symbol=False),
+                            "runway_seconds": runway,
+                        },
+                    )
+                )
 
     def _check_credit(self, view, result: PassResult) -> None:
         currency = self.ledger.currency
         for session, ended in view.ended_passes:
             self.ledger.notify(
-                view.user,
+                session.user_name,
                 f"pass-ended:{session.id}:{ended.id}",
                 "pass-ended",
                 f"Your {ended.period} pass has ended; this server now costs"
@@ -355,28 +490,36 @@ class Meter:
         available = balance + self.ledger.overdraft_micros
         if available > 0 and available * SECONDS_PER_HOUR >= rate * self._quiet_seconds:
             return  # credit for longer than the first warning: nothing to say (most wallets)
+        whose = f"The {view.user} group's credit" if view.kind == "group" else "Your credit"
         if balance + self.ledger.overdraft_micros <= 0:
             for session in view.paying:
                 result.to_stop.append((session.user_name, session.server_name))
                 server = f"server {session.server_name!r}" if session.server_name else "server"
                 self.ledger.notify(
-                    view.user,
+                    session.user_name,
                     f"stopped:{session.id}",
                     "stopped",
-                    f"Your credit ran out ({format_money(balance, currency)}), so your {server}"
-                    " was stopped. Your files are kept; top up to start again.",
+                    f"{whose} ran out ({format_money(balance, currency)}), so your {server}"
+                    " was stopped. Your files are kept; "
+                    + (
+                        "ask the group's admin to top it up, or start again paying from your"
+                        " own wallet."
+                        if view.kind == "group"
+                        else "top up to start again."
+                    ),
                 )
             return
         left = seconds_covered(balance + self.ledger.overdraft_micros, rate)
+        credit = f"the {view.user} group's credit" if view.kind == "group" else "credit"
         for minutes in self.warn_minutes:
             if left is not None and left <= minutes * 60:
                 for session in view.paying:
                     key = f"warn:{session.id}:{minutes}"
                     if self.ledger.notify(
-                        view.user,
+                        session.user_name,
                         key,
                         "warning",
-                        f"{format_duration(left)} of credit left ({format_money(balance, currency)}"
+                        f"{format_duration(left)} of {credit} left ({format_money(balance, currency)}"
                         f" at {format_money(rate, currency)}/h) — your server will stop; your files"
                         " are kept.",
                     ):

@@ -27,12 +27,17 @@ if TYPE_CHECKING:
 
 @dataclass
 class WalletView:
-    """What the meter needs of a wallet after a pass: who, what is left, what pays."""
+    """What the meter needs of a wallet after a pass: whose, what is left, what pays.
+
+    `user` is the owner's name: a user's, or for `kind` "group" the group's (each paying
+    session names the member who runs it).
+    """
 
     user: str
     balance_micros: int
     paying: list
     ended_passes: list
+    kind: str = "user"
 
 
 CHARGE_COLUMNS = (
@@ -142,9 +147,9 @@ class MeterBatch:
             in_range_rows: Sequence[Any]
             if conn.dialect.name == "postgresql":
                 wallets = {
-                    wid: [name, balance]
-                    for wid, name, balance in conn.execute(
-                        select(W.c.id, W.c.owner_name, W.c.balance_micros)
+                    wid: [name, balance, kind]
+                    for wid, name, balance, kind in conn.execute(
+                        select(W.c.id, W.c.owner_name, W.c.balance_micros, W.c.owner_kind)
                         .where(W.c.id.in_(owners))
                         .order_by(W.c.id)
                         .with_for_update()
@@ -157,12 +162,12 @@ class MeterBatch:
                 # SQLite: BEGIN IMMEDIATE already holds the database's one write lock, so
                 # sessions and wallets are read together
                 in_range_rows = conn.execute(
-                    select(*columns, W.c.owner_name, W.c.balance_micros)
+                    select(*columns, W.c.owner_name, W.c.balance_micros, W.c.owner_kind)
                     .join_from(S, W, W.c.id == S.c.wallet_id)
                     .where(in_range)
                     .order_by(S.c.id)
                 ).all()
-                wallets = {row[1]: [row[9], row[10]] for row in in_range_rows}
+                wallets = {row[1]: [row[9], row[10], row[11]] for row in in_range_rows}
             sessions = [s for s in in_range_rows if s[0] in wanted]
             passes: dict[int, list] = {}
             for held in conn.execute(select(P).where(P.c.wallet_id.in_(owners))):
@@ -192,7 +197,7 @@ class MeterBatch:
                     entries.append((wid, amount, balance, key, sid, start, end, METER, now))
                 view = views.get(wid)
                 if view is None:
-                    view = views[wid] = WalletView(wallet[0], 0, [], [])
+                    view = views[wid] = WalletView(wallet[0], 0, [], [], wallet[2])
                 if not covering:
                     view.paying.append(session)
                 elif not any(p.starts_at <= now < p.ends_at for p in covering):

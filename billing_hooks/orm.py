@@ -1,5 +1,6 @@
 """The ledger's tables: wallets, append-only entries, sessions, passes, notifications, prices
-(dated, append-only), the meter's reconciliations and the scheduled audit's runs.
+(dated, append-only), the meter's reconciliations, the scheduled audit's runs, and groups:
+their settings, admins, members' caps and the membership changes the hub applies.
 
 Money columns are integer micro-units (BigInteger); times are integer UTC epoch seconds.
 Schema changes go through alembic (billing_hooks/migrations); never edit a released one.
@@ -7,7 +8,16 @@ Schema changes go through alembic (billing_hooks/migrations); never edit a relea
 
 from __future__ import annotations
 
-from sqlalchemy import BigInteger, ForeignKey, Index, Integer, String, Text, UniqueConstraint
+from sqlalchemy import (
+    BigInteger,
+    Boolean,
+    ForeignKey,
+    Index,
+    Integer,
+    String,
+    Text,
+    UniqueConstraint,
+)
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 #: violations an audit run keeps (its problems_count counts them all)
@@ -15,6 +25,9 @@ AUDIT_PROBLEM_LINES = 50
 
 ENTRY_KINDS = ("trial", "grant", "topup", "charge", "pass", "refund", "adjustment")
 OWNER_KINDS = ("user", "group", "course")
+CAP_PERIODS = ("week", "month", "total")
+#: membership changes the CLI asks of the hub (applied by the hub, in its own process)
+HUB_CHANGE_ACTIONS = ("create", "add", "remove")
 
 
 class Base(DeclarativeBase):
@@ -163,3 +176,70 @@ class AuditRun(Base):
     problems_count: Mapped[int] = mapped_column(Integer)
     #: the first AUDIT_PROBLEM_LINES violations, one a line ("" when sound)
     problems: Mapped[str] = mapped_column(Text, default="")
+
+
+class GroupSettings(Base):
+    """A group with a wallet: meterhub's side of a JupyterHub group (same name, lower case).
+
+    Membership is JupyterHub's; this row holds what only billing needs.
+    """
+
+    __tablename__ = "group_settings"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(64), unique=True)
+    #: "group" (a research group); later also "course"
+    kind: Mapped[str] = mapped_column(String(16), default="group")
+    #: members who name no wallet at spawn pay from this group
+    default_for_members: Mapped[bool] = mapped_column(Boolean, default=False)
+    #: POSTed JSON budget alerts (None: in-hub notifications only)
+    webhook_url: Mapped[str | None] = mapped_column(Text, nullable=True)
+    created_by: Mapped[str] = mapped_column(String(255), default="")
+    created_at: Mapped[int] = mapped_column(BigInteger)
+
+
+class GroupAdmin(Base):
+    """A group admin (a PI): the hub gives them the group's delegated role."""
+
+    __tablename__ = "group_admins"
+    __table_args__ = (UniqueConstraint("group_name", "user_name"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    group_name: Mapped[str] = mapped_column(String(64))
+    user_name: Mapped[str] = mapped_column(String(255))
+
+
+class MemberCap(Base):
+    """How much one member may spend from a group wallet per period (week, month, total).
+
+    Periods are calendar periods in UTC: weeks start on Monday 00:00, months on the 1st.
+    """
+
+    __tablename__ = "member_caps"
+    __table_args__ = (UniqueConstraint("wallet_id", "user_name"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    wallet_id: Mapped[int] = mapped_column(ForeignKey("wallets.id"))
+    user_name: Mapped[str] = mapped_column(String(255))
+    amount_micros: Mapped[int] = mapped_column(BigInteger)
+    period: Mapped[str] = mapped_column(String(8))
+    set_by: Mapped[str] = mapped_column(String(255))
+    set_at: Mapped[int] = mapped_column(BigInteger)
+
+
+class HubChange(Base):
+    """A membership change asked for outside the hub (the CLI), applied once by the hub in
+    its own process (JupyterHub expects no other writer of its database)."""
+
+    __tablename__ = "hub_changes"
+    __table_args__ = (Index("ix_hub_changes_pending", "applied_at", "id"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    action: Mapped[str] = mapped_column(String(16))
+    group_name: Mapped[str] = mapped_column(String(64))
+    user_name: Mapped[str | None] = mapped_column(String(255), nullable=True)
+    actor: Mapped[str] = mapped_column(String(255))
+    created_at: Mapped[int] = mapped_column(BigInteger)
+    applied_at: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    #: what applying it found ("" when it did what was asked)
+    outcome: Mapped[str] = mapped_column(Text, default="")

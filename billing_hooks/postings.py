@@ -23,7 +23,18 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from .clock import utcnow
 from .money import MICROS, accrued, format_money, window_charge
-from .orm import Entry, MeteredSession, Notification, Pass, Price, Reconciliation, Wallet
+from .orm import (
+    Entry,
+    GroupSettings,
+    MemberCap,
+    MeteredSession,
+    Notification,
+    Pass,
+    Price,
+    Reconciliation,
+    Wallet,
+)
+from .wallets import WalletRef, as_ref, period_phrase, period_start
 
 if TYPE_CHECKING:
     from sqlalchemy.engine import CursorResult
@@ -40,6 +51,14 @@ class LedgerError(Exception):
 
 class InsufficientCredit(LedgerError):
     pass
+
+
+class CapReached(InsufficientCredit):
+    """A member's cap on a group wallet does not cover the spawn."""
+
+
+class UnknownWallet(LedgerError):
+    """A group wallet that does not exist (no such meterhub group)."""
 
 
 class KeyConflict(LedgerError):
@@ -103,15 +122,23 @@ class Postings:
 
     # ------------------------------------------------------------------ wallets
 
-    def _wallet(self, db: Session, user: str, lock: bool = False) -> Wallet | None:
-        query = select(Wallet).where(Wallet.owner_kind == "user", Wallet.owner_name == user)
+    def _wallet(self, db: Session, owner: str | WalletRef, lock: bool = False) -> Wallet | None:
+        """The wallet of `owner`: a user name, `user:NAME` or `group:NAME`."""
+        ref = as_ref(owner)
+        query = select(Wallet).where(Wallet.owner_kind == ref.kind, Wallet.owner_name == ref.name)
         if lock:
             query = query.with_for_update()
         return db.scalars(query.execution_options(populate_existing=True)).first()
 
-    def _ensure_wallet(self, db: Session, user: str) -> Wallet:
-        wallet = self._wallet(db, user, lock=True)
+    def _ensure_wallet(self, db: Session, owner: str | WalletRef) -> Wallet:
+        """The wallet, locked; a user's is created with the trial credit exactly once, a
+        group's exists from the group's creation (UnknownWallet otherwise)."""
+        ref = as_ref(owner)
+        wallet = self._wallet(db, ref, lock=True)
         if wallet is None:
+            if ref.is_group:
+                raise UnknownWallet(f"There is no group {ref.name!r} with a wallet")
+            user = ref.name
             wallet = Wallet(
                 owner_kind="user",
                 owner_name=user,
@@ -300,36 +327,48 @@ class Postings:
         rate_micros_per_hour: int,
         min_seconds: int,
         label: str = "",
+        wallet: str | WalletRef | None = None,
     ) -> Authorization:
         """Authorize a spawn and open its session, or refuse with what to do.
 
-        The wallet must cover `min_seconds` at this rate on top of the same minimum for the
-        user's other open sessions, so two concurrent spawns cannot together overspend.
+        `wallet` pays (default: the user's own); the hub has checked that the user may pay
+        from it (a group's member). The wallet must cover `min_seconds` at this rate on top
+        of the same minimum for the other open sessions it pays for, so concurrent spawns
+        (two of one user, or many members of one group) cannot together overspend. From a
+        group wallet the member's cap, if any, must cover the same, on top of what they
+        spent in the cap's period and their other sessions on it.
         """
         now = self.clock()
+        payer = as_ref(user if wallet is None else wallet)
+        if payer.is_group:
+            # the member's own wallet (and trial) exists; in a transaction of its own, so
+            # this one locks one wallet only (two would deadlock against the meter's batch)
+            self.ensure_user(user)
         with self.begin() as db:
-            wallet = self._ensure_wallet(db, user)
+            account = self._ensure_wallet(db, payer)
             # a session left open for this server (the hub died mid-spawn) cannot be running
             for stale in list(db.scalars(_open_sessions_of(user, server_name))):
                 self._close(db, stale, stale.last_seen_running or stale.started_at, HUB)
             valid = db.scalars(
                 select(Pass).where(
-                    Pass.wallet_id == wallet.id, Pass.starts_at <= now, Pass.ends_at > now
+                    Pass.wallet_id == account.id, Pass.starts_at <= now, Pass.ends_at > now
                 )
             ).all()
-            open_rates = [
-                other.rate_micros_per_hour
+            open_sessions = [
+                other
                 for other in db.scalars(
                     select(MeteredSession).where(
-                        MeteredSession.wallet_id == wallet.id, MeteredSession.stopped_at.is_(None)
+                        MeteredSession.wallet_id == account.id,
+                        MeteredSession.stopped_at.is_(None),
                     )
                 )
                 # a server a valid pass pays for needs no credit
                 if not any(p.profile == other.profile and p.gpus >= other.gpus for p in valid)
             ]
+            open_rates = [other.rate_micros_per_hour for other in open_sessions]
             covered_now = db.scalars(
                 select(Pass.id).where(
-                    Pass.wallet_id == wallet.id,
+                    Pass.wallet_id == account.id,
                     Pass.profile == profile,
                     Pass.gpus >= gpus,
                     Pass.starts_at <= now,
@@ -338,19 +377,53 @@ class Postings:
             ).first()
             new_rate = 0 if covered_now else rate_micros_per_hour
             needed = sum(accrued(rate, min_seconds) for rate in [*open_rates, new_rate])
-            available = wallet.balance_micros + self.overdraft_micros
+            available = account.balance_micros + self.overdraft_micros
+            minutes = min_seconds // 60
             if available < needed:
-                minutes = min_seconds // 60
+                whose = f"The {payer.name} group's balance" if payer.is_group else "Your balance"
+                others = (
+                    " with its running servers" if payer.is_group else " with your running servers"
+                )
                 raise InsufficientCredit(
-                    f"Your balance is {format_money(wallet.balance_micros, self.currency)}; "
+                    f"{whose} is {format_money(account.balance_micros, self.currency)}; "
                     f"{label or profile} costs {format_money(rate_micros_per_hour, self.currency)}/h"
                     f" and needs at least {minutes} minutes of credit"
                     f" ({format_money(needed, self.currency)}"
-                    + (" with your running servers" if open_rates else "")
-                    + "). Top up, or choose debug mode."
+                    + (others if open_rates else "")
+                    + ")."
+                    + (
+                        " Ask the group's admin to top it up, or pay from your own wallet."
+                        if payer.is_group
+                        else " Top up, or choose debug mode."
+                    )
                 )
+            if payer.is_group:
+                cap = db.scalars(
+                    select(MemberCap).where(
+                        MemberCap.wallet_id == account.id, MemberCap.user_name == user
+                    )
+                ).first()
+                if cap is not None:
+                    spent = member_spent(db, account.id, user, period_start(cap.period, now))
+                    mine = sum(
+                        accrued(o.rate_micros_per_hour, min_seconds)
+                        for o in open_sessions
+                        if o.user_name == user
+                    )
+                    left = cap.amount_micros - spent
+                    if left < mine + accrued(new_rate, min_seconds):
+                        raise CapReached(
+                            f"Your {payer.name} cap {period_phrase(cap.period)} is"
+                            f" {format_money(cap.amount_micros, self.currency)} and"
+                            f" {format_money(max(0, left), self.currency)} of it is left;"
+                            f" {label or profile} needs at least {minutes} minutes"
+                            f" ({format_money(mine + accrued(new_rate, min_seconds), self.currency)}"
+                            + (" with your running servers" if mine else "")
+                            + "). Ask the group's admin to raise your cap, or pay from your"
+                            " own wallet."
+                        )
             session = MeteredSession(
-                wallet_id=wallet.id,
+                wallet_id=account.id,
                 user_name=user,
                 server_name=server_name,
                 profile=profile,
@@ -360,7 +433,7 @@ class Postings:
             )
             db.add(session)
             db.flush()
-            return Authorization(session.id, wallet.balance_micros, rate_micros_per_hour)
+            return Authorization(session.id, account.balance_micros, rate_micros_per_hour)
 
     def mark_ready(self, session_id: int, at: int | None = None) -> None:
         """Charging starts here. Idempotent: the first ready time wins."""
@@ -708,3 +781,23 @@ def _open_sessions_of(user: str, server_name: str):
         MeteredSession.server_name == server_name,
         MeteredSession.stopped_at.is_(None),
     )
+
+
+def member_spent(db: Session, wallet_id: int, user: str, since: int) -> int:
+    """What `user`'s sessions cost `wallet_id` from `since` on (charges net of refunds, by
+    when each entry was written): a member's spend against their cap."""
+    total = db.scalar(
+        select(func.coalesce(func.sum(Entry.amount_micros), 0))
+        .join(MeteredSession, MeteredSession.id == Entry.session_id)
+        .where(
+            Entry.wallet_id == wallet_id,
+            Entry.kind.in_(("charge", "refund")),
+            Entry.created_at >= since,
+            MeteredSession.user_name == user,
+        )
+    )
+    return -int(total or 0)
+
+
+def group_settings(db: Session, name: str) -> GroupSettings | None:
+    return db.scalars(select(GroupSettings).where(GroupSettings.name == name)).first()

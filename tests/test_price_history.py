@@ -102,7 +102,7 @@ def test_migration_0003_keeps_the_old_prices_as_history_and_downgrades(ledger_ur
             )
         )
     db.upgrade(ledger_url)
-    assert db.current_revision(engine) == db.head_revision() == "0003"
+    assert db.current_revision(engine) == db.head_revision()
     ledger, clock = make_memory_ledger(engine=db.connect(ledger_url))
     assert ledger.price_overrides() == {"a800": 4_000_000, "debug": 200_000}
     assert [(c.profile, c.set_by, c.effective_from) for c in ledger.price_history()] == [

@@ -1,0 +1,87 @@
+"""Wallet references and cap periods: `user:NAME` (or a bare NAME) and `group:NAME`, spelt
+the same in the CLI, the API, user options, pages and the ledger.
+
+Group names compare case-insensitively: a reference is folded to lower case, as the
+ledger keeps group names.
+"""
+
+from __future__ import annotations
+
+import datetime
+import re
+from typing import NamedTuple
+
+#: a user name (the hub's rule, hub/accounts.py) and a group name
+USER_NAME = re.compile(r"^[a-z0-9][a-z0-9._@-]{0,63}\Z")
+GROUP_NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{0,63}\Z")
+GROUP_RULE = (
+    "lower-case letters, digits, '.', '_' or '-', starting with a letter or digit,"
+    " at most 64 characters"
+)
+KINDS = ("user", "group")
+
+
+class WalletRefError(ValueError):
+    """A wallet reference that cannot be read; the message is for people."""
+
+
+class WalletRef(NamedTuple):
+    kind: str
+    name: str
+
+    def __str__(self) -> str:
+        return f"{self.kind}:{self.name}"
+
+    @property
+    def is_group(self) -> bool:
+        return self.kind == "group"
+
+
+def parse_wallet(text: object) -> WalletRef:
+    """`user:NAME`, a bare NAME (a user) or `group:NAME`; WalletRefError says what is wrong."""
+    if not isinstance(text, str) or not text or len(text) > 80:
+        raise WalletRefError("a wallet is 'user:NAME', 'group:NAME' or a user name")
+    kind, sep, name = text.partition(":")
+    if not sep:
+        kind, name = "user", text
+    if kind not in KINDS:
+        raise WalletRefError(
+            f"unknown wallet kind {kind[:20]!r}: a wallet is 'user:NAME' or 'group:NAME'"
+        )
+    if kind == "group":
+        name = name.casefold()
+        if not GROUP_NAME.match(name):
+            raise WalletRefError(f"invalid group name {name[:64]!r}: {GROUP_RULE}")
+    elif not USER_NAME.match(name):
+        raise WalletRefError(f"invalid user name {name[:64]!r}")
+    return WalletRef(kind, name)
+
+
+def as_ref(owner: str | WalletRef) -> WalletRef:
+    """A ledger method's owner argument: a WalletRef, a reference, or a bare user name
+    (what every caller passed before groups; such names are not checked again here)."""
+    if isinstance(owner, WalletRef):
+        return owner
+    if ":" in owner:
+        return parse_wallet(owner)
+    return WalletRef("user", owner)
+
+
+def period_start(period: str, now: int) -> int:
+    """The start (UTC epoch seconds) of the cap period holding `now`: Monday 00:00 UTC of
+    its week, the 1st of its month 00:00 UTC, or 0 for the total."""
+    if period == "total":
+        return 0
+    day = datetime.datetime.fromtimestamp(now, datetime.UTC).date()
+    if period == "week":
+        day -= datetime.timedelta(days=day.weekday())
+    elif period == "month":
+        day = day.replace(day=1)
+    else:
+        raise ValueError(f"unknown cap period {period!r}")
+    return int(datetime.datetime(day.year, day.month, day.day, tzinfo=datetime.UTC).timestamp())
+
+
+def period_phrase(period: str) -> str:
+    """'for this week', 'for this month', 'in total': "your vision cap for this month"."""
+    return {"week": "for this week", "month": "for this month", "total": "in total"}[period]
