@@ -20,8 +20,11 @@ from .ledger import (
     LedgerError,
     NoCapacity,
     Posted,
+    UnknownWallet,
 )
 from .money import AmountError, format_money, parse_amount, to_micros
+from .orm import CAP_PERIODS
+from .wallets import WalletRefError, parse_wallet
 
 MAX_KEY = 120
 MAX_NOTE = 500
@@ -84,6 +87,8 @@ def grant(
         return ledger.grant(user, micros, f"{source}:{key}", note, actor=actor)
     except KeyConflict:
         raise ActionError(409, "That key was already used for a different grant") from None
+    except UnknownWallet as e:
+        raise ActionError(404, str(e)) from None
 
 
 def adjust(
@@ -97,6 +102,8 @@ def adjust(
         return ledger.adjust(user, micros, f"{source}:{key}", reason, actor)
     except KeyConflict:
         raise ActionError(409, "That key was already used for a different adjustment") from None
+    except UnknownWallet as e:
+        raise ActionError(404, str(e)) from None
     except LedgerError as e:
         raise ActionError(400, str(e)) from None
 
@@ -192,22 +199,95 @@ def buy_pass(
         raise ActionError(409, "That key was already used for a different purchase") from None
 
 
+def wallet_ref(text: object) -> str:
+    """A wallet reference as people type it (`group:vision`, `user:amy`, `amy`), checked and
+    spelt the ledger's way; 400 when it cannot be read."""
+    try:
+        return str(parse_wallet(text))
+    except WalletRefError as e:
+        raise ActionError(400, str(e)) from None
+
+
+def set_cap(ledger: Ledger, group: str, user: str, amount, period, actor: str):
+    """Set a member's cap on a group wallet (`amount` "none" or None removes it)."""
+    if period not in CAP_PERIODS:
+        raise ActionError(400, f"period: one of {', '.join(CAP_PERIODS)}")
+    micros = None
+    if amount is not None and amount != "none":
+        micros = _amount(amount, "amount", Decimal("100000000"))
+    try:
+        return ledger.set_cap(group, user, micros, period, actor)
+    except UnknownWallet as e:
+        raise ActionError(404, str(e)) from None
+    except LedgerError as e:
+        raise ActionError(400, str(e)) from None
+
+
+def _label(session) -> str:
+    return session.profile if session.profile == "debug" else f"{session.gpus}x{session.profile}"
+
+
+def _seconds(session) -> int:
+    if not session.ready_at:
+        return 0
+    assert session.metered_through is not None  # set together with ready_at
+    return session.metered_through - session.ready_at
+
+
+def group_usage_rows(
+    ledger: Ledger, group: str, since: int | None = None, until: int | None = None
+) -> list[tuple]:
+    """(session, member, profile label, started, stopped or "", seconds, cost), oldest
+    first: what the group's wallet paid for (started in [since, until))."""
+    try:
+        pairs = ledger.group_sessions(group, since, until)
+    except UnknownWallet as e:
+        raise ActionError(404, str(e)) from None
+    return [
+        (
+            s.id,
+            s.user_name,
+            _label(s),
+            s.started_at,
+            s.stopped_at or "",
+            _seconds(s),
+            cost,
+        )
+        for s, cost in reversed(pairs)
+    ]
+
+
+def group_usage_csv(
+    ledger: Ledger, group: str, since: int | None = None, until: int | None = None
+) -> str:
+    """A group's statement: every session its wallet paid for, with the member who ran it."""
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow(
+        [
+            "session",
+            "member",
+            "profile",
+            "started_at",
+            "stopped_at",
+            "seconds",
+            f"cost_{ledger.currency}",
+        ]
+    )
+    for sid, member, label, started, stopped, seconds, cost in group_usage_rows(
+        ledger, group, since, until
+    ):
+        amount = format_money(cost, ledger.currency, symbol=False).split()[0]
+        writer.writerow([sid, member, label, started, stopped, seconds, amount])
+    return out.getvalue()
+
+
 def usage_rows(ledger: Ledger, user: str) -> list[tuple]:
     """(session, profile label, started, stopped or "", seconds, cost in micros), oldest first."""
-    rows = []
-    for session, cost in ledger.sessions_with_cost(user):
-        if session.ready_at:
-            assert session.metered_through is not None  # set together with ready_at
-            seconds = session.metered_through - session.ready_at
-        else:
-            seconds = 0
-        label = (
-            session.profile if session.profile == "debug" else f"{session.gpus}x{session.profile}"
-        )
-        rows.append(
-            (session.id, label, session.started_at, session.stopped_at or "", seconds, cost)
-        )
-    return rows
+    return [
+        (s.id, _label(s), s.started_at, s.stopped_at or "", _seconds(s), cost)
+        for s, cost in ledger.sessions_with_cost(user)
+    ]
 
 
 def usage_csv(ledger: Ledger, user: str) -> str:

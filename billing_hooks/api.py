@@ -33,6 +33,7 @@ from tornado import web
 from meterhub.spawner.catalog import PASS_PERIODS
 
 from . import actions
+from .groups import runway_phrase
 from .ledger import Ledger
 from .money import (
     AmountError,
@@ -43,8 +44,9 @@ from .money import (
     seconds_covered,
 )
 from .orm import Entry, MeteredSession
-from .scopes import is_billing_admin, may_spend
+from .scopes import administers, is_billing_admin, may_spend
 from .settings import priced_catalog
+from .wallets import GROUP_NAME
 
 MAX_PAGE = 500
 MAX_BODY = 64 * 1024
@@ -60,6 +62,8 @@ OWN = "own"  # the token's owner, or a billing admin
 OWNER = "owner"  # the token's owner only (not even an admin)
 SPEND = "spend"  # the owner with custom:meterhub:spend, or a billing admin
 ADMIN = "admin"  # a billing admin: custom:meterhub:admin or admin:users
+MEMBER = "member"  # a member of the group (their token may read their groups), or GROUP_ADMIN
+GROUP_ADMIN = "group-admin"  # custom:meterhub:group-admin!group=NAME, or a billing admin
 
 OPENAPI_PATH = Path(__file__).with_name("openapi.yaml")
 
@@ -306,6 +310,40 @@ class BillingHandler(HubOAuthenticated, web.RequestHandler):
         if name is not None:
             if len(name) > MAX_NAME or not await self.settings["user_exists"](name):
                 raise web.HTTPError(404, "No such user: %s", name)
+
+    async def authorize_group(self, group: str) -> tuple[str, list[str]]:
+        """Apply a group route's rule: (the group's name, lower case, and its members).
+
+        The rule is decided from the token: the group-admin scope filtered to this group (or
+        a billing admin's); for MEMBER routes also the groups the hub reports for the token,
+        which it does only when the token may read its owner's groups (a server's own token
+        may not). A group without a wallet, or that the hub does not have, is a 404 once the
+        caller may know.
+        """
+        rule = self.access[self.request.method]
+        name = group.casefold()
+        admin = GROUP_NAME.match(name) is not None and administers(self.scopes, name)
+        mine = {g.casefold() for g in (self.current_user or {}).get("groups") or ()}
+        if rule == GROUP_ADMIN and not admin:
+            raise web.HTTPError(
+                403,
+                "This needs custom:meterhub:group-admin!group=%s (the group's admin)"
+                " or a billing admin's scope on the token",
+                name[:64],
+            )
+        if rule == MEMBER and not (admin or name in mine):
+            raise web.HTTPError(403, "Only the group's members and admins can see its wallet")
+        if rule == ADMIN and not is_billing_admin(self.scopes):
+            raise web.HTTPError(
+                403,
+                "Granting credit needs the custom:meterhub:admin (or admin:users) scope:"
+                " a group's admin moves the group's credit with caps, never makes money",
+            )
+        settings = await asyncio.to_thread(self.ledger.group, name)
+        members = await self.settings["group_members"](name) if settings is not None else None
+        if settings is None or members is None:
+            raise web.HTTPError(404, "No group %s with a wallet", name[:64])
+        return name, members
 
     def body(self) -> dict:
         """The JSON body, validated against the route's schema in openapi.yaml."""
@@ -641,6 +679,154 @@ class PriceHandler(BillingHandler):
         self.send(_price_json(catalog.profiles()[slug], overrides))
 
 
+def group_json(view, currency: str, administered: bool) -> dict:
+    """A group's wallet as the API and the group page show it."""
+    return {
+        "group": view.name,
+        "wallet": f"group:{view.name}",
+        "currency": currency,
+        "balance": _money(view.balance_micros),
+        "runway_seconds": view.runway_seconds,
+        "runway": runway_phrase(view.runway_seconds),
+        "default_for_members": view.default_for_members,
+        "admins": view.admins,
+        "members": [
+            {
+                "name": m.user,
+                "spent": _money(m.spent_micros),
+                "period": m.period,
+                "cap": None if m.cap_micros is None else _money(m.cap_micros),
+                "left": None if m.left_micros is None else _money(m.left_micros),
+            }
+            for m in view.members
+        ],
+        "running": [
+            {
+                "id": s.id,
+                "member": s.user_name,
+                "server": s.server_name,
+                "profile": s.profile,
+                "gpus": s.gpus,
+                "rate_per_hour": _money(s.rate_micros_per_hour),
+                "cost": _money(cost),
+            }
+            for s, cost in view.running
+        ],
+        "administered": administered,
+    }
+
+
+class GroupHandler(BillingHandler):
+    access = {"GET": MEMBER}
+
+    async def get(self, group):
+        name, members = await self.authorize_group(group)
+        view = await asyncio.to_thread(self.ledger.group_view, name, members)
+        self.send(group_json(view, self.ledger.currency, administers(self.scopes, name)))
+
+
+class GroupGrantHandler(BillingHandler):
+    """A billing admin's grant to a group's wallet (a group admin cannot make money)."""
+
+    access = {"POST": ADMIN}
+    path = "/groups/{group}/grants"
+
+    async def post(self, group):
+        await self.authorize()  # the rule first: a stranger learns nothing from the body
+        body = self.body()
+        key, _ = self.idempotency_key(body)
+        name, _members = await self.authorize_group(group)
+        posted = await self.act(
+            actions.grant,
+            self.ledger,
+            f"group:{name}",
+            body["amount"],
+            body.get("note", ""),
+            key,
+            self.max_grant,
+            "api",
+            self.actor,
+        )
+        self.send_posted(posted, _entry_json)
+
+
+class GroupCapHandler(BillingHandler):
+    """A group admin sets what a member may spend from the group per period."""
+
+    access = {"PUT": GROUP_ADMIN}
+    path = "/groups/{group}/caps/{name}"
+
+    async def put(self, group, user):
+        name, members = await self.authorize_group(group)
+        body = self.body()
+        if user not in members:
+            raise web.HTTPError(404, "%s is not a member of the group %s", user[:64], name)
+        period = body.get("period", "month")
+        cap = await self.act(
+            actions.set_cap, self.ledger, name, user, body["amount"], period, self.actor
+        )
+        self.send(
+            {
+                "group": name,
+                "name": user,
+                "cap": None if cap is None else _money(cap.amount_micros),
+                "period": period,
+            }
+        )
+
+
+def _month(text: str) -> tuple[int, int]:
+    """[start, end) of a UTC month written YYYY-MM."""
+    try:
+        year, month = (int(part) for part in text.split("-"))
+        start = datetime(year, month, 1, tzinfo=UTC)
+        end = datetime(year + month // 12, month % 12 + 1, 1, tzinfo=UTC)
+    except ValueError:
+        raise web.HTTPError(400, "month: YYYY-MM, e.g. 2026-12") from None
+    return int(start.timestamp()), int(end.timestamp())
+
+
+class GroupUsageHandler(BillingHandler):
+    """The group's statement, as JSON or CSV, for its admins."""
+
+    access = {"GET": GROUP_ADMIN}
+
+    async def get(self, group):
+        name, _members = await self.authorize_group(group)
+        form = self.get_argument("format", "json")
+        if form not in ("json", "csv"):
+            raise web.HTTPError(400, "format: json or csv")
+        month = self.get_argument("month", "")
+        since, until = _month(month) if month else (None, None)
+        if form == "csv":
+            text = await self.act(actions.group_usage_csv, self.ledger, name, since, until)
+            self.set_header("Content-Type", "text/csv; charset=utf-8")
+            suffix = f"-{month}" if month else ""
+            self.set_header(
+                "Content-Disposition", f'attachment; filename="meterhub-{name}{suffix}.csv"'
+            )
+            self.finish(text)
+            return
+        pairs = await asyncio.to_thread(self.ledger.group_sessions, name, since, until)
+        self.send(
+            {
+                "sessions": [
+                    {
+                        "id": s.id,
+                        "member": s.user_name,
+                        "profile": s.profile,
+                        "gpus": s.gpus,
+                        "started": _time(s.started_at),
+                        "stopped": _time(s.stopped_at),
+                        "seconds": _metered_seconds(s),
+                        "cost": _money(cost),
+                    }
+                    for s, cost in reversed(pairs)
+                ]
+            }
+        )
+
+
 #: (path in openapi.yaml, URL pattern under api/v1/, handler): the one table of routes
 ROUTES: list[tuple[str, str, type[BillingHandler]]] = [
     ("/health", "health", HealthHandler),
@@ -656,6 +842,10 @@ ROUTES: list[tuple[str, str, type[BillingHandler]]] = [
     ("/prices", "prices", PricesHandler),
     ("/prices/{profile}", r"prices/([^/]+)", PriceHandler),
     ("/sessions/{session_id}/refunds", r"sessions/([^/]+)/refunds", RefundHandler),
+    ("/groups/{group}", r"groups/([^/]+)", GroupHandler),
+    ("/groups/{group}/grants", r"groups/([^/]+)/grants", GroupGrantHandler),
+    ("/groups/{group}/caps/{name}", r"groups/([^/]+)/caps/([^/]+)", GroupCapHandler),
+    ("/groups/{group}/usage", r"groups/([^/]+)/usage", GroupUsageHandler),
 ]
 
 

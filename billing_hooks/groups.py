@@ -280,6 +280,26 @@ class Groups:
 
     # ------------------------------------------------------------------ what is shown
 
+    def member_allowance(self, name: str, user: str, now: int | None = None) -> MemberSpend:
+        """What `user` may still spend from group `name`: their spend in the cap's period
+        and the cap (the month and no cap when none is set). The group's balance is apart."""
+        now = self.clock() if now is None else now
+        with self.begin() as db:
+            settings = self._require(db, name)
+            wallet_id = _wallet_id(db, settings.name)
+            cap = db.scalars(
+                select(MemberCap).where(
+                    MemberCap.wallet_id == wallet_id, MemberCap.user_name == user
+                )
+            ).first()
+            period = cap.period if cap is not None else "month"
+            return MemberSpend(
+                user,
+                member_spent(db, wallet_id, user, period_start(period, now)),
+                period,
+                None if cap is None else cap.amount_micros,
+            )
+
     def group_view(self, name: str, members: Iterable[str], now: int | None = None) -> GroupView:
         """The group's wallet, each member's spend and cap (members are the hub's, plus
         anyone with a cap or a running server on the wallet), and what runs on it now."""

@@ -22,9 +22,10 @@ from tornado import web
 
 from meterhub.spawner.catalog import InvalidChoice
 
-from .ledger import InsufficientCredit
+from .ledger import InsufficientCredit, UnknownWallet
 from .money import to_micros
 from .settings import BillingSettings, priced_catalog
+from .wallets import WalletRef, WalletRefError, parse_wallet
 
 BILLING_DOWN = (
     "Billing is unavailable right now (its database does not answer), so no new server can"
@@ -49,6 +50,7 @@ async def authorize_spawn(spawner) -> None:
     except InvalidChoice as e:
         raise web.HTTPError(400, str(e), reason="Invalid profile") from None
     try:
+        wallet = await paying_wallet(spawner, ledger)
         auth = await asyncio.to_thread(
             ledger.open_session,
             spawner.user.name,
@@ -58,20 +60,61 @@ async def authorize_spawn(spawner) -> None:
             to_micros(choice.rate_per_hour),
             settings.min_seconds_to_start,
             choice.label,
+            wallet,
         )
     except InsufficientCredit as e:
         raise web.HTTPError(402, str(e), reason="Not enough credit") from None
+    except UnknownWallet as e:
+        raise web.HTTPError(403, str(e), reason="No such wallet") from None
     except DBAPIError:
         spawner.log.exception("Ledger database error while authorizing %s", spawner._log_name)
         raise web.HTTPError(503, BILLING_DOWN, reason="Billing unavailable") from None
     spawner.log.info(
-        "Billing session %s for %s: %s at %s/h",
+        "Billing session %s for %s: %s at %s/h, paid by %s",
         auth.session_id,
         spawner._log_name,
         choice.label,
         choice.rate_per_hour,
+        wallet or f"user:{spawner.user.name}",
     )
     _keep(asyncio.ensure_future(_record_ready(spawner, ledger, auth.session_id)))
+
+
+def member_groups(user) -> set[str]:
+    """The JupyterHub groups of a hub user, lower case (group names compare so)."""
+    return {group.name.casefold() for group in getattr(user, "groups", None) or ()}
+
+
+async def paying_wallet(spawner, ledger) -> WalletRef | None:
+    """The wallet the user options name (`"wallet": "group:vision"`), checked against the
+    user's JupyterHub groups now; without one, a group of theirs that pays for its members
+    by default, else None (their own wallet). HTTP 400 for a malformed reference, 403 for a
+    wallet they may not pay from."""
+    raw = (spawner.user_options or {}).get("wallet")
+    groups = member_groups(spawner.user)
+    if raw is None or raw == "":
+        defaults = await asyncio.to_thread(ledger.default_group_wallets, groups)
+        return WalletRef("group", defaults[0]) if defaults else None
+    try:
+        ref = parse_wallet(raw)
+    except WalletRefError as e:
+        raise web.HTTPError(400, f"wallet: {e}", reason="Invalid wallet") from None
+    if not ref.is_group:
+        if ref.name != spawner.user.name:
+            raise web.HTTPError(
+                403,
+                "You can pay only from your own wallet or a group's you belong to",
+                reason="Not your wallet",
+            )
+        return None
+    if ref.name not in groups:
+        raise web.HTTPError(
+            403,
+            f"You are not a member of the group {ref.name!r}, so you cannot pay from its"
+            " wallet. Pay from your own wallet, or ask the group's admin to add you.",
+            reason="Not a member",
+        )
+    return ref
 
 
 #: background tasks still running: the event loop keeps only weak references to tasks

@@ -130,6 +130,32 @@ class HubClient:
     async def user_exists(self, name: str) -> bool:
         return await self._user(name) is not None
 
+    async def group_members(self, name: str) -> list[str] | None:
+        """The members of a hub group, its name compared case-insensitively; None: no such
+        group (the billing service reads groups with `read:groups`)."""
+        try:
+            response = await self.http.fetch(
+                self._request("GET", f"/groups/{quote(name, safe='')}")
+            )
+            return list(json.loads(response.body).get("users") or [])
+        except HTTPClientError as e:
+            if e.code != 404:
+                raise
+        offset = 0
+        for _ in range(MAX_PAGES):  # spelt otherwise in the hub ("Vision"): look it up
+            response = await self.http.fetch(
+                self._request("GET", f"/groups?limit={self.page_size}&offset={offset}")
+            )
+            page = json.loads(response.body)
+            for group in page["items"]:
+                if group["name"].casefold() == name.casefold():
+                    return list(group.get("users") or [])
+            following = (page.get("_pagination") or {}).get("next")
+            if not following:
+                return None
+            offset = following["offset"]
+        return None
+
     async def stop_server(self, user: str, server_name: str) -> None:
         path = f"/users/{quote(user, safe='')}/server"
         if server_name:

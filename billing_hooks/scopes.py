@@ -7,6 +7,11 @@ Billing reads the scopes JupyterHub reports for the token a request carries:
 - `custom:meterhub:spend`: spend the token owner's own credit (buy passes). The `user` role
   has it; a server's own token (what code in a kernel holds) does not, so a notebook can
   read its owner's wallet but not spend it.
+- `custom:meterhub:group-admin!group=NAME`: manage group NAME's wallet as its admin (a PI):
+  see its balance, members' spend and running servers, set members' caps, download its
+  statements. Never grant money from nothing, never another group. With it, the group's
+  role gives JupyterHub's `list:users`, `read:users`, `read:servers` and `delete:servers`
+  filtered to the group: a PI may stop a member's server, never start or open one.
 - any token that reaches the billing service may read its owner's own wallet, usage and
   notifications, and mark its owner's notifications read.
 """
@@ -18,6 +23,8 @@ from collections.abc import Sequence
 BILLING_SERVICE = "billing"
 ADMIN_SCOPE = "custom:meterhub:admin"
 SPEND_SCOPE = "custom:meterhub:spend"
+GROUP_ADMIN_SCOPE = "custom:meterhub:group-admin"
+GROUP_ADMIN_ROLE_PREFIX = "meterhub-group-admin-"
 BILLING_ACCESS = f"access:services!service={BILLING_SERVICE}"
 BILLING_ADMIN_ROLE = "meterhub-billing-admin"
 
@@ -27,6 +34,10 @@ CUSTOM_SCOPES = {
         " prices and passes for any user."
     },
     SPEND_SCOPE: {"description": "Spend your own meterhub credit: buy passes."},
+    GROUP_ADMIN_SCOPE: {
+        "description": "Manage a group's meterhub wallet as its admin: members' caps, spend"
+        " and statements (filtered by !group=)."
+    },
 }
 
 
@@ -53,3 +64,42 @@ def is_billing_admin(scopes) -> bool:
 
 def may_spend(scopes) -> bool:
     return SPEND_SCOPE in set(scopes or ()) or is_billing_admin(scopes)
+
+
+def group_admin_role(group: str, users: Sequence[str] = ()) -> dict:
+    """The role a group's admins (PIs) hold: JupyterHub's scopes filtered to the group, plus
+    the group-admin scope billing enforces. No `servers` (start), no `access:servers` (open
+    a server, read its files), no grants."""
+    only = f"!group={group}"
+    return {
+        "name": f"{GROUP_ADMIN_ROLE_PREFIX}{group}",
+        "description": f"Admin of the meterhub group {group}: caps, spend, stop servers.",
+        "scopes": [
+            f"list:users{only}",
+            f"read:users{only}",
+            f"read:servers{only}",
+            f"delete:servers{only}",
+            f"read:groups{only}",
+            f"{GROUP_ADMIN_SCOPE}{only}",
+            BILLING_ACCESS,
+        ],
+        "users": list(users),
+    }
+
+
+def administers(scopes, group: str) -> bool:
+    """Whether these scopes manage group `group`'s wallet: its group-admin scope, or a
+    billing admin's (who manages every wallet)."""
+    scopes = set(scopes or ())
+    return (
+        f"{GROUP_ADMIN_SCOPE}!group={group}" in scopes
+        or GROUP_ADMIN_SCOPE in scopes
+        or is_billing_admin(scopes)
+    )
+
+
+def may_stop_in(scopes, group: str) -> bool:
+    """Whether these scopes may stop the servers of members of `group` (JupyterHub's
+    delete:servers, unfiltered or filtered to the group)."""
+    scopes = set(scopes or ())
+    return "delete:servers" in scopes or f"delete:servers!group={group}" in scopes

@@ -22,6 +22,7 @@ from tornado import web
 from .api import make_handlers
 from .ledger import Ledger
 from .meter import HubClient, Meter
+from .money import to_micros
 from .orm import AuditRun
 from .settings import BillingSettings, pass_capacity
 
@@ -47,6 +48,7 @@ def make_app(
         ledger=ledger,
         max_grant=max_grant,
         user_exists=hub.user_exists,
+        group_members=hub.group_members,
         prefix=prefix,
         config=config,
         capacity=pass_capacity(config),
@@ -68,6 +70,9 @@ async def run(settings: BillingSettings, config) -> None:
         hub,
         interval_seconds=settings.meter_interval_seconds,
         warn_minutes=list(settings.warn_minutes),
+        # "0" is a threshold too (the group's credit ran out): not an amount one may grant
+        alert_balances_micros=[to_micros(Decimal(v)) for v in settings.group_alert_balances],
+        alert_runway_days=settings.group_alert_runway_days,
     )
     service_url = urlparse(os.environ.get("JUPYTERHUB_SERVICE_URL", "http://127.0.0.1:8082"))
     prefix = os.environ.get("JUPYTERHUB_SERVICE_PREFIX", "/services/billing/")

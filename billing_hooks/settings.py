@@ -41,6 +41,16 @@ class BillingSettings(LoggingConfigurable):
         config=True
     )
     max_grant = Unicode("100000", help="Grants must be below this amount.").tag(config=True)
+    group_alert_balances = List(
+        Unicode(),
+        ["100.00", "10.00", "0"],
+        help="Group balances (amount strings) under which group admins are notified.",
+    ).tag(config=True)
+    group_alert_runway_days = Int(
+        7,
+        min=0,
+        help="Notify group admins when the credit lasts fewer days than this (0: never).",
+    ).tag(config=True)
     audit_interval_seconds = Int(
         3600,
         min=0,

@@ -13,10 +13,11 @@ from typing import NamedTuple
 
 #: a user name (the hub's rule, hub/accounts.py) and a group name
 USER_NAME = re.compile(r"^[a-z0-9][a-z0-9._@-]{0,63}\Z")
-GROUP_NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{0,63}\Z")
+#: (a group's name is also in its admins' role name, which must end in a letter or digit)
+GROUP_NAME = re.compile(r"^[a-z0-9](?:[a-z0-9._-]{0,62}[a-z0-9])?\Z")
 GROUP_RULE = (
-    "lower-case letters, digits, '.', '_' or '-', starting with a letter or digit,"
-    " at most 64 characters"
+    "lower-case letters, digits, '.', '_' or '-', starting and ending with a letter or"
+    " digit, at most 64 characters"
 )
 KINDS = ("user", "group")
 

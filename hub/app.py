@@ -14,6 +14,8 @@ import sys
 
 from jupyterhub.app import JupyterHub
 from sqlalchemy.exc import DBAPIError
+from tornado.ioloop import PeriodicCallback
+from traitlets import Int
 from traitlets.config import Config
 
 from meterhub.billing_hooks.hooks import register_trial_credit
@@ -25,6 +27,7 @@ from meterhub.spawner.sandbox import bwrap_works
 from .accounts import AccountError, add_user
 from .config import ConfigError, apply_config, apply_config_d, demo_pool_dir, template_vars
 from .demo_pool import ensure_demo_pool
+from .group_sync import group_admin_roles, sync_groups
 
 ADMIN_SERVICE = "meterhub-admin"
 
@@ -33,12 +36,53 @@ class MeterHub(JupyterHub):
     name = "meterhub"
     description = "meterhub: GPU notebooks by the hour"
 
+    group_sync_interval_seconds = Int(
+        5,
+        min=1,
+        help="""
+        How often the hub applies the group changes queued by the CLI (membership) and
+        makes the group admins' roles match the ledger. Seconds.
+        """,
+    ).tag(config=True)
+
     def load_config_file(self, *args, **kwargs):
         """The site config is the only source of configuration; ignore jupyterhub_config.py."""
 
     def init_db(self):
         super().init_db()
         register_trial_credit(self.config)
+
+    async def init_role_creation(self):
+        """The group admins' roles are config roles too (JupyterHub deletes any other role at
+        start-up): one per group with a wallet, from the ledger."""
+        try:
+            ledger = BillingSettings(config=self.config).ledger()
+            extra = await asyncio.to_thread(group_admin_roles, ledger)
+        except DBAPIError as e:
+            self.log.warning("Group admins' roles not loaded, the ledger does not answer: %s", e)
+            extra = []
+        present = {role["name"] for role in self.load_roles}
+        self.load_roles = self.load_roles + [r for r in extra if r["name"] not in present]
+        await super().init_role_creation()
+
+    async def start(self):
+        await super().start()
+        self._group_sync = PeriodicCallback(
+            self.sync_groups, self.group_sync_interval_seconds * 1000, jitter=0.1
+        )
+        self._group_sync.start()
+        await self.sync_groups()
+
+    async def sync_groups(self) -> None:
+        """Apply the CLI's group changes and the admins' roles in the hub's own session."""
+        try:
+            ledger = await BillingSettings(config=self.config).ledger_async()
+            applied = await sync_groups(self.db, ledger)
+        except Exception:
+            self.log.exception("Could not apply group changes; trying again")
+            return
+        if applied:
+            self.log.info("Applied %d group change(s)", applied)
 
     async def init_spawners(self):
         result = await super().init_spawners()
@@ -127,8 +171,9 @@ def billing_service(site: dict, config_path: str | None) -> tuple[list[dict], li
     }
     role = {
         "name": "meterhub-billing",
-        "description": "The meter: list and read users and servers, stop servers; never start them.",
-        "scopes": ["list:users", "read:users", "read:servers", "delete:servers"],
+        "description": "The meter: list and read users, groups and servers, stop servers;"
+        " never start them.",
+        "scopes": ["list:users", "read:users", "read:servers", "delete:servers", "read:groups"],
         "services": [BILLING_SERVICE],
     }
     # users reach the billing API (their own wallet) with their own tokens and cookies, and

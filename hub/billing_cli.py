@@ -55,7 +55,7 @@ def cli_actor() -> str:
     return f"cli:{name}"
 
 
-def _load(args) -> tuple[Config, BillingSettings]:
+def load_settings(args) -> tuple[Config, BillingSettings]:
     site = load_site_config(args.config)
     c = apply_config(site, Config())
     return c, BillingSettings(config=c)
@@ -69,7 +69,7 @@ def _shown_url(url: str) -> str:
         return url.split("@")[-1] if "@" in url else url
 
 
-def _require_user(c: Config, name: str) -> None:
+def require_user(c: Config, name: str) -> None:
     """Refuse a user the hub does not know. A hub database that cannot be read is said to
     be that, never "unknown user"."""
     url = c.JupyterHub.db_url
@@ -95,6 +95,22 @@ def _require_user(c: Config, name: str) -> None:
         ) from None
     if not found:
         raise CliError(f"unknown user {name!r}: create the account first")
+
+
+def _require_wallet(c: Config, ledger, reference: str) -> str:
+    """A wallet reference the CLI may act on: a user the hub has, or a group with a wallet;
+    returns it spelt the ledger's way (`group:vision`, or the user's bare name)."""
+    try:
+        ref = actions.wallet_ref(reference)
+    except actions.ActionError as e:
+        raise CliError(e.message) from None
+    kind, _, name = ref.partition(":")
+    if kind == "user":
+        require_user(c, name)
+        return name
+    if ledger.group(name) is None:
+        raise CliError(f"no group {name!r}: create it with `meterhub group create {name}`")
+    return ref
 
 
 def _key(args) -> str:
@@ -130,28 +146,28 @@ def _write(args, settings, ledger, action, subject, *fields, done) -> int:
 
 
 def credit_grant(args) -> int:
-    c, settings = _load(args)
-    _require_user(c, args.user)
+    c, settings = load_settings(args)
+    ledger = settings.ledger()
+    wallet = _require_wallet(c, ledger, args.user)
 
     def done(entry):
-        return f"granted {_money(entry.amount_micros, settings)} to {args.user}"
+        return f"granted {_money(entry.amount_micros, settings)} to {wallet}"
 
-    ledger = settings.ledger()
     return _write(
-        args, settings, ledger, actions.grant, args.user, args.amount, args.note or "", done=done
+        args, settings, ledger, actions.grant, wallet, args.amount, args.note or "", done=done
     )
 
 
 def credit_adjust(args) -> int:
-    c, settings = _load(args)
-    _require_user(c, args.user)
+    c, settings = load_settings(args)
+    ledger = settings.ledger()
+    wallet = _require_wallet(c, ledger, args.user)
 
     def done(entry):
-        return f"adjusted {args.user} by {_money(entry.amount_micros, settings)}"
+        return f"adjusted {wallet} by {_money(entry.amount_micros, settings)}"
 
-    ledger = settings.ledger()
     return _write(
-        args, settings, ledger, actions.adjust, args.user, args.amount, args.reason, done=done
+        args, settings, ledger, actions.adjust, wallet, args.amount, args.reason, done=done
     )
 
 
@@ -160,7 +176,7 @@ def billing_refund(args) -> int:
     if not (raw.isascii() and raw.isdigit() and 0 < len(raw) <= MAX_SESSION_DIGITS):
         raise CliError(f"session id must be a whole number, e.g. 42 (got {raw!r})")
     session_id = int(raw)
-    _c, settings = _load(args)
+    _c, settings = load_settings(args)
     ledger = settings.ledger()
 
     def done(entry):
@@ -174,27 +190,42 @@ def billing_refund(args) -> int:
 
 
 def credit_show(args) -> int:
-    c, settings = _load(args)
-    _require_user(c, args.user)
+    c, settings = load_settings(args)
     ledger = settings.ledger()
-    ledger.ensure_user(args.user)
-    for entry in ledger.wallet_entries(args.user):
+    wallet = _require_wallet(c, ledger, args.user)
+    if ":" not in wallet:
+        ledger.ensure_user(wallet)
+    for entry in ledger.wallet_entries(wallet):
         amount = format_money(entry.amount_micros, ledger.currency, symbol=False)
         print(
             f"{entry.id:>6}  {entry.kind:<10} {amount:>14}  {entry.actor or '-':<16}  {entry.note}"
         )
-    print(format_money(ledger.balance(args.user), ledger.currency, symbol=False))
+    print(format_money(ledger.balance(wallet), ledger.currency, symbol=False))
     return 0
 
 
 def usage(args) -> int:
-    c, settings = _load(args)
-    _require_user(c, args.user)
+    c, settings = load_settings(args)
     ledger = settings.ledger()
-    if args.csv:
-        sys.stdout.write(actions.usage_csv(ledger, args.user))
+    wallet = _require_wallet(c, ledger, args.user)
+    if ":" in wallet:  # a group: what its wallet paid for, with the member who ran it
+        group = wallet.partition(":")[2]
+        if args.csv:
+            sys.stdout.write(actions.group_usage_csv(ledger, group))
+            return 0
+        for sid, member, label, _s, stopped, seconds, cost in actions.group_usage_rows(
+            ledger, group
+        ):
+            state = "running" if stopped == "" else "stopped"
+            print(
+                f"{sid:>6}  {member:<16} {label:<12} {format_duration(seconds):>12}"
+                f"  {format_money(cost, settings.currency, symbol=False):>12}  {state}"
+            )
         return 0
-    for sid, label, _started, stopped, seconds, cost in actions.usage_rows(ledger, args.user):
+    if args.csv:
+        sys.stdout.write(actions.usage_csv(ledger, wallet))
+        return 0
+    for sid, label, _started, stopped, seconds, cost in actions.usage_rows(ledger, wallet):
         state = "running" if stopped == "" else "stopped"
         print(
             f"{sid:>6}  {label:<12} {format_duration(seconds):>12}"
@@ -204,7 +235,7 @@ def usage(args) -> int:
 
 
 def audit(args) -> int:
-    _c, settings = _load(args)
+    _c, settings = load_settings(args)
     ledger = settings.ledger()
     problems = ledger.audit()
     for problem in problems:
@@ -220,7 +251,7 @@ def audit(args) -> int:
 def upgrade_db(args) -> int:
     from meterhub.billing_hooks.db import upgrade
 
-    _c, settings = _load(args)
+    _c, settings = load_settings(args)
     upgrade(settings.db_url)
     print("billing database is at the current schema")
     return 0
@@ -231,7 +262,7 @@ def migrate(args) -> int:
     from meterhub.billing_hooks.migrate import MigrationError
     from meterhub.billing_hooks.migrate import migrate as copy_ledger
 
-    _c, settings = _load(args)
+    _c, settings = load_settings(args)
     source_url, target_url = settings.db_url, args.to
     if source_url.startswith("sqlite:///") and not os.path.isfile(source_url[len("sqlite:///") :]):
         raise CliError(f"no billing database at {_shown_url(source_url)}: nothing to migrate")
@@ -265,11 +296,12 @@ def _config_hint(args) -> str:
 def service(args) -> int:
     from meterhub.billing_hooks.service import main
 
-    c, settings = _load(args)
+    c, settings = load_settings(args)
     main(settings, c)
     return 0
 
 
+WALLET_HELP = "a user name (or user:NAME), or group:NAME"
 KEY_HELP = (
     "idempotency key, 1 to 120 printable ASCII characters: the same key again is a no-op;"
     " without one a new key is made and printed first"
@@ -278,10 +310,10 @@ KEY_HELP = (
 
 def add_commands(commands) -> None:
     credit = commands.add_parser(
-        "credit", help="grant, correct or show a user's credit"
+        "credit", help="grant, correct or show a wallet's credit (a user's or a group's)"
     ).add_subparsers(dest="action", required=True)
-    grant = credit.add_parser("grant", help="add credit to a user's wallet")
-    grant.add_argument("user")
+    grant = credit.add_parser("grant", help="add credit to a wallet")
+    grant.add_argument("user", metavar="WALLET", help=WALLET_HELP)
     grant.add_argument("amount", help="e.g. 12.50 (positive, at most two decimals)")
     grant.add_argument("--note", default="")
     grant.add_argument("--key", help=KEY_HELP)
@@ -291,18 +323,21 @@ def add_commands(commands) -> None:
         help="correct a user's balance by a signed amount, with the reason",
         description="A negative AMOUNT (e.g. -1.50) takes credit back.",
     )
-    adjust.add_argument("user")
+    adjust.add_argument("user", metavar="WALLET", help=WALLET_HELP)
     adjust.add_argument("amount", help="e.g. 2.00 or -1.50 (at most two decimals, not zero)")
     adjust.add_argument("--reason", required=True, help="why (kept on the entry)")
     adjust.add_argument("--key", help=KEY_HELP)
     adjust.set_defaults(func=credit_adjust)
     show = credit.add_parser(
-        "show", help="a user's ledger entries with their actor; the last line is the balance"
+        "show", help="a wallet's ledger entries with their actor; the last line is the balance"
     )
-    show.add_argument("user")
+    show.add_argument("user", metavar="WALLET", help=WALLET_HELP)
     show.set_defaults(func=credit_show)
-    use = commands.add_parser("usage", help="a user's sessions with profile, duration and cost")
-    use.add_argument("user")
+    use = commands.add_parser(
+        "usage",
+        help="a wallet's sessions with profile, duration and cost (a group's: with the member)",
+    )
+    use.add_argument("user", metavar="WALLET", help=WALLET_HELP)
     use.add_argument("--csv", action="store_true")
     use.set_defaults(func=usage)
     billing = commands.add_parser("billing", help="ledger maintenance").add_subparsers(
@@ -341,4 +376,11 @@ def add_commands(commands) -> None:
         parser.add_argument("--config", help="site config (YAML); default: the embedded default")
 
 
-__all__ = ["CliError", "ConfigError", "DatabaseUnreadable", "add_commands", "cli_actor"]
+__all__ = [
+    "CliError",
+    "ConfigError",
+    "DatabaseUnreadable",
+    "add_commands",
+    "cli_actor",
+    "require_user",
+]

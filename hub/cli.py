@@ -130,8 +130,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     unit.set_defaults(func=_systemd_unit)
     from .billing_cli import add_commands
+    from .group_cli import add_commands as add_group_commands
 
     add_commands(commands)
+    add_group_commands(commands)
     return parser
 
 

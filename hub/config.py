@@ -430,6 +430,17 @@ def apply_spawner_config(site: dict, c: Config) -> Config:
     for key in ("trial_credit", "overdraft", "max_grant"):
         if key in billing:
             setattr(c.BillingSettings, key, str(billing[key]))
+    groups = site.get("groups", {})
+    if "alert_balances" in groups:
+        c.BillingSettings.group_alert_balances = [str(v) for v in groups["alert_balances"]]
+    if "alert_runway_days" in groups:
+        c.BillingSettings.group_alert_runway_days = groups["alert_runway_days"]
+    if "sync_interval_seconds" in groups:
+        c.MeterHub.group_sync_interval_seconds = groups["sync_interval_seconds"]
+    c.Catalog.extra_options = ["wallet"]
+    if "shared_folders" in groups:
+        c.LocalGPUSpawner.group_folders = groups["shared_folders"]
+        c.KubeGPUSpawner.group_folders = groups["shared_folders"]
     c.Spawner.options_form = spawn_form.options_form
     c.LocalGPUSpawner.gpu_reservations = hooks.gpu_reservations
     c.Spawner.pre_spawn_hook = hooks.authorize_spawn

@@ -204,4 +204,27 @@ def configure(c: Config, path: str | None = None) -> dict:
         "meterhub_sandbox_warning": "",
     }
     register_trial_credit(c)
+    add_group_admin_roles(c)
     return site
+
+
+def add_group_admin_roles(c: Config) -> None:
+    """The group admins' roles, from the ledger, as config roles (JupyterHub deletes any
+    other at start-up). On Kubernetes they change when the hub restarts (`meterhub group
+    admins` says so); the local hub applies them while running."""
+    from sqlalchemy.exc import DBAPIError
+
+    from meterhub.billing_hooks.db import SchemaMismatch
+    from meterhub.billing_hooks.settings import BillingSettings
+
+    from .group_sync import group_admin_roles
+
+    try:
+        extra = group_admin_roles(BillingSettings(config=c).ledger())
+    except (DBAPIError, SchemaMismatch, OSError) as e:
+        # the hub starts anyway (spawns are refused until billing answers); roles next start
+        print(f"meterhub: group admins' roles not loaded from the ledger: {e}")
+        return
+    roles = list(c.JupyterHub.get("load_roles") or [])
+    present = {role["name"] for role in roles}
+    c.JupyterHub.load_roles = roles + [r for r in extra if r["name"] not in present]

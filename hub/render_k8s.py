@@ -1,4 +1,4 @@
-"""`meterhub render-k8s`: the Pod and PersistentVolumeClaim the Kubernetes backend would create.
+"""`meterhub render-k8s`: the Pod and PersistentVolumeClaims the Kubernetes backend would create.
 
 Offline: KubeGPUSpawner is built from the site config with a placeholder kubeconfig, and
 nothing talks to a cluster. For operators to preview a profile, and for the tests, which
@@ -58,11 +58,16 @@ def offline_kubeconfig():
 
 
 def _fake_user(name: str, groups) -> SimpleNamespace:
+    """A user in `groups`, each a group as `meterhub group create` makes it (with a shared
+    folder), so that a preview shows what a member of a meterhub group gets."""
     return SimpleNamespace(
         name=name,
         id=1,
         url=f"/user/{name}/",
-        groups=[SimpleNamespace(name=g) for g in groups],
+        groups=[
+            SimpleNamespace(name=g, id=i, properties={"shared_folder": True})
+            for i, g in enumerate(groups, start=1)
+        ],
         escaped_name=name,
     )
 
@@ -89,7 +94,8 @@ def _spawner(site: dict, user: str, groups):
 
 
 async def start_manifests(spawner, options: dict) -> list[dict]:
-    """What `spawner` would create for `options`: the Pod and the PVC, as API objects."""
+    """What `spawner` would create for `options`: the Pod, the user's PVC and the claims
+    of the user's groups' shared folders (each ensured at start), as API objects."""
     from kubernetes_asyncio.client import ApiClient
 
     spawner.user_options = options
@@ -99,12 +105,14 @@ async def start_manifests(spawner, options: dict) -> list[dict]:
         raise RenderError(e.log_message) from None
     pod = await spawner.get_pod_manifest()
     pvc = spawner.get_pvc_manifest()
+    claims = [spawner.get_group_pvc_manifest(group) for group in spawner.shared_groups]
     api = ApiClient()
     try:
-        documents = [api.sanitize_for_serialization(obj) for obj in (pod, pvc)]
+        documents = [api.sanitize_for_serialization(obj) for obj in (pod, pvc, *claims)]
     finally:
         await api.close()
-    for document, kind in zip(documents, ("Pod", "PersistentVolumeClaim"), strict=True):
+    kinds = ("Pod", "PersistentVolumeClaim", *["PersistentVolumeClaim"] * len(claims))
+    for document, kind in zip(documents, kinds, strict=True):
         document.setdefault("apiVersion", "v1")
         document.setdefault("kind", kind)
         document["metadata"].setdefault("namespace", spawner.namespace)
@@ -126,7 +134,8 @@ async def _render(site: dict, user: str, options: dict, groups) -> list[dict]:
 
 
 def render(site: dict, user: str, profile: str, gpus: int | None = None, groups=()) -> list[dict]:
-    """The Pod and PVC for `user` starting `profile` (with `gpus`), as API objects (dicts)."""
+    """The Pod and PVC for `user` starting `profile` (with `gpus`), then a claim per group
+    of `groups` (each with a shared folder), as API objects (dicts)."""
     options = {"profile": profile}
     if gpus is not None:
         options["gpus"] = str(gpus)

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import asyncio
 
+from meterhub.billing_hooks.groups import MemberSpend
+from meterhub.billing_hooks.hooks import member_groups
 from meterhub.billing_hooks.money import (
     CURRENCY_SYMBOLS,
     accrued,
@@ -18,8 +20,9 @@ from meterhub.billing_hooks.money import (
     to_micros,
 )
 from meterhub.billing_hooks.settings import BillingSettings, priced_catalog
+from meterhub.billing_hooks.wallets import period_phrase
 from meterhub.spawner.catalog import Choice
-from meterhub.spawner.form import render_options_form
+from meterhub.spawner.form import PayerOption, render_options_form
 from meterhub.spawner.options import group_names
 
 
@@ -34,12 +37,56 @@ def credit_annotation(available_micros: int, min_seconds: int):
     return annotate
 
 
+def group_available(balance: int, overdraft: int, allowance: MemberSpend) -> int:
+    """What a member may spend from a group now: its balance (with the overdraft), and no
+    more than their cap leaves."""
+    available = balance + overdraft
+    if allowance.left_micros is not None:
+        available = min(available, allowance.left_micros)
+    return available
+
+
+def payer_options(ledger, user: str, balance: int, groups: set[str]) -> tuple[list, str, int]:
+    """(the "Pay from" choices, the one checked, what it leaves to spend) — blocking.
+
+    The user's own wallet and each of their groups with a wallet; checked: a group that
+    pays for its members by default, else their own.
+    """
+    currency = ledger.currency
+    own = f"user:{user}"
+    payers = [PayerOption(own, "Your wallet", format_money(balance, currency))]
+    available = {own: balance + ledger.overdraft_micros}
+    for group in ledger.known_groups(groups):
+        view = ledger.group(group)
+        group_balance = ledger.balance(f"group:{group}") or 0
+        allowance = ledger.member_allowance(group, user)
+        left = group_available(group_balance, ledger.overdraft_micros, allowance)
+        detail = f"{format_money(max(0, left), currency)} to spend (group balance"
+        detail += f" {format_money(group_balance, currency)}"
+        if allowance.cap_micros is not None:
+            detail += (
+                f"; your cap {period_phrase(allowance.period)} leaves"
+                f" {format_money(max(0, allowance.left_micros or 0), currency)}"
+            )
+        detail += ")"
+        reason = "nothing left to spend" if left <= 0 else ""
+        payers.append(PayerOption(f"group:{view.name}", f"Group {view.name}", detail, reason))
+        available[f"group:{view.name}"] = left
+    defaults = [
+        g for g in ledger.default_group_wallets(groups) if available.get(f"group:{g}", 0) > 0
+    ]
+    checked = f"group:{defaults[0]}" if defaults else own
+    return payers, checked, available[checked]
+
+
 async def options_form(spawner) -> str:
     settings = BillingSettings(config=spawner.config)
     ledger = await settings.ledger_async()
     balance = await asyncio.to_thread(ledger.ensure_user, spawner.user.name)
     catalog = await asyncio.to_thread(priced_catalog, spawner.config, ledger)
-    available = balance + ledger.overdraft_micros
+    payers, checked, available = await asyncio.to_thread(
+        payer_options, ledger, spawner.user.name, balance, member_groups(spawner.user)
+    )
     availability = None
     if hasattr(spawner, "allocator"):  # the local backend knows what is free
         reserved = await spawner.current_reservations()
@@ -53,4 +100,6 @@ async def options_form(spawner) -> str:
         annotate=credit_annotation(available, settings.min_seconds_to_start),
         summary=f"Your balance: {format_money(balance, settings.currency)}",
         groups=group_names(spawner.user),
+        payers=payers,
+        payer_checked=checked,
     )

@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
 from decimal import ROUND_HALF_UP, Decimal
 
-from traitlets import Dict, Int, TraitError, Unicode, validate
+from traitlets import Dict, Int, List, TraitError, Unicode, validate
 from traitlets.config import LoggingConfigurable
 
 from .amounts import AmountError, parse_decimal
@@ -377,6 +377,14 @@ class Catalog(LoggingConfigurable):
         """,
     ).tag(config=True)
 
+    extra_options = List(
+        Unicode(),
+        help="""
+        User options besides `profile` and `gpus` that the deployment checks itself (the
+        hub adds `wallet`, which billing validates); any other key is refused.
+        """,
+    ).tag(config=True)
+
     allowed_groups = Dict(
         key_trait=Unicode(),
         help="""
@@ -416,12 +424,17 @@ class Catalog(LoggingConfigurable):
     def profile_refusal(self, profile: Profile, groups: set[str] | frozenset[str]) -> str:
         """Why a member of `groups` may not use `profile` at all, or "" when allowed."""
         allowed = self.allowed_groups.get(profile.slug)
-        if allowed and not set(allowed) & set(groups):
+        if allowed and not self._in_any(allowed, groups):
             return (
                 f"{profile.display_name} is limited to the groups"
                 f" {', '.join(sorted(allowed))}, and you are in none of them"
             )
         return ""
+
+    @staticmethod
+    def _in_any(allowed, groups) -> bool:
+        """Whether one of `groups` is one of `allowed`, whatever the letter case."""
+        return not {g.casefold() for g in allowed}.isdisjoint(g.casefold() for g in groups)
 
     def refusal(self, choice: Choice, groups: set[str] | frozenset[str]) -> str:
         """Why a member of `groups` may not start `choice`, or "" when allowed."""
@@ -429,7 +442,7 @@ class Catalog(LoggingConfigurable):
         if refusal:
             return refusal
         allowed = self.allowed_groups_by_count.get(choice.profile.slug, {}).get(str(choice.gpus))
-        if allowed and not set(allowed) & set(groups):
+        if allowed and not self._in_any(allowed, groups):
             return (
                 f"{choice.label} is limited to the groups {', '.join(sorted(allowed))},"
                 " and you are in none of them"
@@ -498,10 +511,12 @@ class Catalog(LoggingConfigurable):
             )
         if not isinstance(user_options, dict):
             raise InvalidChoice("user options must be an object")
-        unknown = set(user_options) - {"profile", "gpus"}
+        allowed = {"profile", "gpus", *self.extra_options}
+        unknown = set(user_options) - allowed
         if unknown:
             raise InvalidChoice(
-                f"Unknown option {sorted(unknown)[0]!r}; allowed options are 'profile' and 'gpus'"
+                f"Unknown option {sorted(unknown)[0]!r}; allowed options are"
+                f" {', '.join(repr(k) for k in sorted(allowed))}"
             )
         slug = user_options.get("profile")
         profiles = self.profiles()

@@ -5,7 +5,7 @@ Plain HTML that works without JavaScript; the server validates whatever is poste
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from decimal import Decimal
 from pathlib import Path
@@ -13,6 +13,7 @@ from pathlib import Path
 from jinja2 import Environment, select_autoescape
 
 from .catalog import Catalog, Choice, Profile
+from .options import nothing_allowed
 
 #: what a deployment adds to each choice: (note shown beside it, reason it cannot start or "")
 Annotate = Callable[[Choice], tuple[str, str]]
@@ -24,6 +25,16 @@ def _no_annotation(choice: Choice) -> tuple[str, str]:
 
 _env = Environment(autoescape=select_autoescape(default=True), trim_blocks=True, lstrip_blocks=True)
 _template = _env.from_string((Path(__file__).parent / "options_form.html").read_text())
+
+
+@dataclass(frozen=True)
+class PayerOption:
+    """Who may pay for the server (the deployment's wallets), posted as `wallet`."""
+
+    value: str
+    label: str
+    detail: str = ""
+    disabled_reason: str = ""
 
 
 @dataclass(frozen=True)
@@ -74,7 +85,8 @@ def profile_options(
             reason = _not_allowed(catalog, choice, groups) or reason
             counts.append(CountOption(count, profile.price_per_hour * count, reason, note))
         if catalog.profile_refusal(profile, groups):
-            reason = "Not allowed for your group"
+            only = ", ".join(sorted(catalog.allowed_groups[profile.slug], key=str.casefold))
+            reason = f"Not allowed for your group (only for {only})"
         elif total == 0:
             reason = f"No {profile.display_name} on this machine"
         elif free == 0:
@@ -98,9 +110,19 @@ def render_options_form(
     annotate: Annotate = _no_annotation,
     summary: str = "",
     groups: frozenset[str] = frozenset(),
+    payers: Sequence[PayerOption] = (),
+    payer_checked: str = "",
 ) -> str:
+    """The form's HTML; when the user's `groups` may start nothing at all, it says so (and
+    whom to ask) above the choices, all disabled."""
     options = profile_options(catalog, availability, annotate, groups)
     first_enabled = next((o.profile.slug for o in options if not o.disabled_reason), None)
     return _template.render(
-        options=options, checked=first_enabled, currency=currency_symbol, summary=summary
+        options=options,
+        checked=first_enabled,
+        currency=currency_symbol,
+        summary=summary,
+        nothing_allowed=nothing_allowed(catalog, groups),
+        payers=payers,
+        payer_checked=payer_checked,
     )

@@ -9,14 +9,19 @@ does. The user options are the same: `{"profile": "debug"}`, `{"profile": "a800"
 from __future__ import annotations
 
 import copy
+import hashlib
+import re
 import shlex
+from functools import partial
 
+from jupyterhub.utils import exponential_backoff
 from kubespawner import KubeSpawner
-from traitlets import Dict, List, Unicode, default
+from kubespawner.objects import make_pvc
+from traitlets import Bool, Dict, List, Unicode, default
 from traitlets.config import Config
 
 from .catalog import Catalog, Choice
-from .options import CatalogOptions, group_names
+from .options import CatalogOptions, SharedGroup, group_names, shared_folder_groups
 
 GIB = 1024**3
 #: the traits a choice changes; each start resets them to their configured values first
@@ -30,6 +35,7 @@ CHOICE_TRAITS = (
     "extra_resource_guarantees",
     "environment",
     "volumes",
+    "volume_mounts",
     "extra_labels",
     "node_selector",
     "node_affinity_required",
@@ -60,6 +66,18 @@ OWNED_TRAITS = (
 GPU_RESOURCE = "nvidia.com/gpu"
 #: what hides every GPU from CUDA and from the NVIDIA container runtime
 HIDE_GPUS = {"NVIDIA_VISIBLE_DEVICES": "void", "CUDA_VISIBLE_DEVICES": ""}
+_DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?\Z")
+
+
+def dns_label(name: str, limit: int = 63) -> str:
+    """A group's name as a DNS label (a volume's or claim's name part) of at most `limit`
+    characters: the name itself when it is one, else its letters and digits followed by a
+    hash of the whole name, so that `lab_a` and `lab-a` never share a claim."""
+    if len(name) <= limit and _DNS_LABEL.match(name):
+        return name
+    digest = hashlib.sha256(name.encode()).hexdigest()[:8]
+    base = re.sub(r"[^a-z0-9]+", "-", name)[: limit - len(digest) - 1].strip("-")
+    return f"{base}-{digest}" if base else digest
 
 
 class KubeGPUSpawner(CatalogOptions, KubeSpawner):
@@ -127,6 +145,57 @@ class KubeGPUSpawner(CatalogOptions, KubeSpawner):
     public_mount_path = Unicode("/public", help="Where the pool is mounted, read-only.").tag(
         config=True
     )
+
+    group_folders = Bool(
+        True,
+        help="""
+        Mount a shared folder at `<disk_mount_path>/shared/<group>` in the pods of the
+        members of each JupyterHub group whose properties say `"shared_folder": true`: a
+        ReadWriteMany PersistentVolumeClaim per group (`group_folder_claim_template`).
+        Membership is read at every start: a member removed from the group has no mount
+        from their next start on; the claim and its files stay. Only groups named like
+        `^[a-z0-9][a-z0-9._-]{0,63}$` get one; none with `enable_user_namespaces` (a claim
+        lives in one namespace).
+
+        Every pod runs as uid 1000, gid 100 (fsGroup 100): the volume must let them write.
+        DANGER: every member can read, change and delete everything in it, and anyone who
+        can create pods in the namespace can mount the claim.
+        """,
+    ).tag(config=True)
+
+    group_folder_claim_template = Unicode(
+        "meterhub-group-{group}",
+        help="""
+        Name of a group's shared-folder claim; `{group}` is the group's name (as a DNS
+        label: a name with `.` or `_` becomes its letters and digits plus a short hash).
+        """,
+    ).tag(config=True)
+
+    group_folder_ensure = Bool(
+        True,
+        help="""
+        Create a group's claim (ReadWriteMany, `group_folder_capacity`,
+        `group_folder_storage_class`) when a member's server starts and it does not exist
+        yet; an existing claim is used as it is. False: the operator creates the claims
+        (a member's pod stays Pending until theirs exists).
+        """,
+    ).tag(config=True)
+
+    group_folder_capacity = Unicode(
+        "10Gi", help="Size a group's shared-folder claim asks for when the hub creates it."
+    ).tag(config=True)
+
+    group_folder_storage_class = Unicode(
+        None,
+        allow_none=True,
+        help="""
+        Storage class of the groups' shared-folder claims; it must offer ReadWriteMany
+        (NFS, CephFS, a cloud file store). None: the cluster's default class.
+        """,
+    ).tag(config=True)
+
+    #: the groups whose folders the current (or last rendered) start mounts
+    shared_groups = List()
 
     # ------------------------------------------------------------ KubeSpawner defaults
 
@@ -259,6 +328,82 @@ class KubeGPUSpawner(CatalogOptions, KubeSpawner):
         for name, value in self._configured.items():
             setattr(self, name, copy.deepcopy(value))
         await super().load_user_options()
+        groups = self._start_groups
+        self.shared_groups = self.user_shared_groups() if groups is None else groups
+        volumes, mounts = self.group_folder_volumes(self.shared_groups)
+        self.volumes = _with(self.volumes, volumes)
+        self.volume_mounts = _with(self.volume_mounts, mounts)
+
+    # ------------------------------------------------------------ group folders
+
+    _start_groups = None
+
+    def user_shared_groups(self) -> list[SharedGroup]:
+        """The user's groups with a shared folder, read now (membership changes apply at
+        the next start)."""
+        if not self.group_folders:
+            return []
+        if self.enable_user_namespaces:
+            self.log.warning("Group folders need one namespace for all users; none mounted")
+            return []
+        return shared_folder_groups(self.user, self.log)
+
+    def group_claim_name(self, group: SharedGroup) -> str:
+        return self.group_folder_claim_template.format(group=dns_label(group.name))
+
+    def group_folder_volumes(self, groups: list[SharedGroup]) -> tuple[dict, dict]:
+        """The volumes and volume mounts of `groups`' folders, keyed so that KubeSpawner
+        (which sorts by key) lists them after the disk they are mounted in."""
+        volumes, mounts = {}, {}
+        for group in groups:
+            name = f"group-{dns_label(group.name, 63 - len('group-'))}"
+            key = f"shared-{group.name}"
+            volumes[key] = {
+                "name": name,
+                "persistentVolumeClaim": {"claimName": self.group_claim_name(group)},
+            }
+            mounts[key] = {
+                "name": name,
+                "mountPath": f"{self.disk_mount_path.rstrip('/')}/shared/{group.name}",
+            }
+        return volumes, mounts
+
+    def get_group_pvc_manifest(self, group: SharedGroup):
+        """The claim of a group's shared folder (pure; what `ensure_group_claims` creates)."""
+        return make_pvc(
+            name=self.group_claim_name(group),
+            storage_class=self.group_folder_storage_class,
+            access_modes=["ReadWriteMany"],
+            selector=None,
+            storage=self.group_folder_capacity,
+            labels={
+                **self.common_labels,
+                "app.kubernetes.io/component": "group-folder",
+                "component": "group-folder",
+            },
+            annotations={"meterhub.io/group": group.name},
+        )
+
+    async def ensure_group_claims(self, groups: list[SharedGroup]) -> None:
+        """Create the groups' claims that do not exist yet; "already exists" is success."""
+        for group in groups:
+            pvc = self.get_group_pvc_manifest(group)
+            await exponential_backoff(
+                partial(self._make_create_pvc_request, pvc, self.k8s_api_request_timeout),
+                f"Could not create the shared-folder claim {pvc.metadata.name}",
+                timeout=self.k8s_api_request_retry_timeout,
+            )
+
+    async def _start(self):
+        # the claims must exist before the pod that mounts them; membership is read once
+        groups = self.user_shared_groups()
+        if groups and self.group_folder_ensure:
+            await self.ensure_group_claims(groups)
+        self._start_groups = groups
+        try:
+            return await super()._start()
+        finally:
+            self._start_groups = None
 
     # ------------------------------------------------------------ profiles
 
@@ -314,6 +459,13 @@ class KubeGPUSpawner(CatalogOptions, KubeSpawner):
         ]
         override["tolerations"] = [*configured["tolerations"], *self.gpu_tolerations]
         return override
+
+
+def _with(configured: dict | list, added: dict) -> dict | list:
+    """KubeSpawner's `volumes` or `volume_mounts` (a dict, or a list) plus `added`."""
+    if isinstance(configured, dict):
+        return {**configured, **added}
+    return [*configured, *added.values()]
 
 
 def _without_owned(cfg: Config, cls: type) -> Config:

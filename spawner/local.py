@@ -1,10 +1,11 @@
 """LocalGPUSpawner: single-user servers as local processes with exclusive GPUs.
 
 Each server runs unprivileged in a bubblewrap sandbox that shows only its own disk,
-the pool read-only at /public and its own GPU device nodes, in a cgroup that holds it to
-its profile's CPU and memory. GPUs are allocated from a persistent table, so a hub restart
-that keeps servers running never hands one out twice; a runtime record per server lets a
-hub that crashed mid-spawn find and stop what it started before it frees those GPUs.
+the pool read-only at /public, its groups' shared folders and its own GPU device nodes,
+in a cgroup that holds it to its profile's CPU and memory. GPUs are allocated from a
+persistent table, so a hub restart that keeps servers running never hands one out twice;
+a runtime record per server lets a hub that crashed mid-spawn find and stop what it
+started before it frees those GPUs.
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ import logging
 import os
 import shutil
 import signal
+import stat
+import struct
 import sys
 import threading
 import time
@@ -37,7 +40,13 @@ from .allocator import GpuAllocator, NotEnoughGpus
 from .catalog import Choice, GpuType, InvalidChoice
 from .form import render_options_form
 from .inventory import Gpu, declared_inventory, detect_inventory, device_nodes, visible_devices_env
-from .options import CatalogOptions, group_names
+from .options import (
+    SHARED_FOLDER_NAME,
+    CatalogOptions,
+    SharedGroup,
+    group_names,
+    shared_folder_groups,
+)
 from .sandbox import SandboxSpec, bwrap_command, bwrap_works
 
 SAFE_NAME_CHARS = "abcdefghijklmnopqrstuvwxyz0123456789"
@@ -484,6 +493,170 @@ def _live(pids: Iterable[int]) -> set[int]:
     return live
 
 
+# ---------------------------------------------------------------------- group folders
+# A group's folder is <data_dir>/shared/<group>, bound at <disk mount>/shared/<group> for
+# members only. The mount points live on the member's own disk, which is the user's to
+# change: the hub reaches them only through directory descriptors and never follows a link.
+
+#: a POSIX default ACL "user::rwx group::rwx other::---" (linux/posix_acl_xattr.h): what a
+#: member makes in a group folder is writable by the group whatever the server's umask
+_ACL_UNDEFINED_ID = 0xFFFFFFFF
+GROUP_DEFAULT_ACL = struct.pack("<I", 2) + b"".join(
+    struct.pack("<HHI", tag, perm, _ACL_UNDEFINED_ID)
+    for tag, perm in ((0x01, 7), (0x04, 7), (0x20, 0))
+)
+
+
+@dataclass(frozen=True)
+class GroupFolders:
+    """What a start binds of its groups' folders, and the group ids the server gets."""
+
+    #: (host folder, path inside the sandbox)
+    binds: tuple[tuple[str, str], ...] = ()
+    #: supplementary group ids (a root hub only: its servers run as uids of their own)
+    gids: tuple[int, ...] = ()
+    #: (gid, group name), for the sandbox's /etc/group
+    names: tuple[tuple[int, str], ...] = ()
+
+
+def prepare_group_folder(path: str, gid: int | None, log: logging.Logger) -> None:
+    """Make a group's host folder (blocking). `gid` None (every server runs as the hub's
+    user): mode 0700. Otherwise root:gid, mode 2770 with a default ACL that keeps new
+    files group-writable: members (their servers get the gid) share it, nobody else enters."""
+    try:
+        os.mkdir(path, 0o700)
+    except FileExistsError:
+        pass
+    if gid is None:
+        os.chmod(path, 0o700, follow_symlinks=False)
+        return
+    os.chown(path, 0, gid, follow_symlinks=False)
+    os.chmod(path, 0o2770, follow_symlinks=False)  # setgid: what is made inside is the group's
+    try:
+        if os.getxattr(path, "system.posix_acl_default") == GROUP_DEFAULT_ACL:
+            return
+    except OSError:
+        pass
+    try:
+        os.setxattr(path, "system.posix_acl_default", GROUP_DEFAULT_ACL)
+    except OSError as e:
+        log.warning(
+            "%s: no default ACL (%s): members' new files follow their umask and may be"
+            " read-only for the other members",
+            path,
+            e,
+        )
+
+
+def prepare_mount_points(
+    disk: str,
+    wanted: dict[str, str],
+    owner: tuple[int, int] | None,
+    shared_root: str,
+    log: logging.Logger,
+) -> list[str]:
+    """Make `<disk>/shared/<name>` for each name in `wanted` (blocking): an empty folder
+    where `wanted[name]` is "" (a bind's mount point), else a link to `wanted[name]` (no
+    sandbox). Returns the names that are ready. Empty folders, and links into `shared_root`,
+    of groups the user has left are removed; what else the user put there stays, and that
+    group's folder is then not mounted (a warning says why)."""
+    ready: list[str] = []
+    disk_fd = os.open(disk, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    try:
+        if wanted:
+            try:
+                os.mkdir("shared", 0o755, dir_fd=disk_fd)
+                if owner:
+                    os.chown("shared", *owner, dir_fd=disk_fd, follow_symlinks=False)
+            except FileExistsError:
+                pass
+        try:
+            fd = os.open("shared", os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=disk_fd)
+        except FileNotFoundError:
+            return ready
+        except OSError:
+            if wanted:
+                log.warning("%s/shared is not a folder: no group folders mounted", disk)
+            return ready
+        try:
+            for name in os.listdir(fd):
+                if name not in wanted and SHARED_FOLDER_NAME.match(name):
+                    _remove_mount_point(fd, name, shared_root)
+            for name, target in wanted.items():
+                if _make_mount_point(fd, name, target, owner, shared_root):
+                    ready.append(name)
+                else:
+                    log.warning(
+                        "%s/shared/%s holds the user's own files: group folder not mounted",
+                        disk,
+                        name,
+                    )
+        finally:
+            os.close(fd)
+    finally:
+        os.close(disk_fd)
+    return ready
+
+
+def _kind(fd: int, name: str) -> str:
+    """What `name` is in the directory `fd`: "" (nothing), "link", "empty" (an empty
+    folder) or "theirs" (anything else)."""
+    try:
+        mode = os.stat(name, dir_fd=fd, follow_symlinks=False).st_mode
+    except FileNotFoundError:
+        return ""
+    if stat.S_ISLNK(mode):
+        return "link"
+    if not stat.S_ISDIR(mode):
+        return "theirs"
+    try:
+        sub = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
+    except OSError:
+        return "theirs"
+    try:
+        return "theirs" if os.listdir(sub) else "empty"
+    finally:
+        os.close(sub)
+
+
+def _remove_mount_point(fd: int, name: str, shared_root: str) -> None:
+    """Remove a left group's mount point: an empty folder, or a link the hub made."""
+    try:
+        kind = _kind(fd, name)
+        if kind == "link" and os.readlink(name, dir_fd=fd) == os.path.join(shared_root, name):
+            os.unlink(name, dir_fd=fd)
+        elif kind == "empty":
+            os.rmdir(name, dir_fd=fd)  # fails unless still empty: nothing of theirs is lost
+    except OSError:
+        pass
+
+
+def _make_mount_point(
+    fd: int, name: str, target: str, owner: tuple[int, int] | None, shared_root: str
+) -> bool:
+    kind = _kind(fd, name)
+    if kind == "link":
+        link = os.readlink(name, dir_fd=fd)
+        if target and link == target:
+            return True
+        if link != os.path.join(shared_root, name):
+            return False  # the user's own link
+        os.unlink(name, dir_fd=fd)
+    elif kind == "empty":
+        if not target:
+            return True
+        os.rmdir(name, dir_fd=fd)  # the mount point of an earlier start in the sandbox
+    elif kind == "theirs":
+        return False
+    if target:
+        os.symlink(target, name, dir_fd=fd)
+    else:
+        os.mkdir(name, 0o755, dir_fd=fd)
+    if owner:
+        os.chown(name, *owner, dir_fd=fd, follow_symlinks=False)
+    return True
+
+
 def starter_notebooks() -> str:
     """The folder of the starter notebooks meterhub ships (`meterhub.notebooks`, data only)."""
     spec = importlib.util.find_spec("meterhub.notebooks")
@@ -589,6 +762,39 @@ class LocalGPUSpawner(CatalogOptions, LocalProcessSpawner):
         """,
     ).tag(config=True)
 
+    group_folders = Bool(
+        True,
+        help="""
+        Give each JupyterHub group whose properties say `"shared_folder": true` a folder,
+        `<data_dir>/shared/<group>`, that its members' servers see read-write at
+        `<disk_mount_path>/shared/<group>`. Membership is read at every start: a member
+        removed from the group has no mount from their next start on; the files stay.
+        Only groups named like `^[a-z0-9][a-z0-9._-]{0,63}$` get one.
+
+        When the hub is not root every server runs as the hub's own user: the folder is
+        mode 0700 and the sandbox alone keeps non-members out, so without the sandbox
+        (`sandbox = off`, or `auto` on a host where bubblewrap cannot run) every server can
+        reach every group's folder. When the hub is root each server runs as a uid of its
+        own and gets, as supplementary groups, the gids `group_gid_base + <group id>` of
+        its groups: a folder is root:<gid>, mode 2770 (setgid) with a default ACL keeping
+        new files group-writable, so members share it and nobody else can enter it, with
+        or without the sandbox. DANGER: anything in a group folder can be read, changed and
+        deleted by every member, and a file a member moves in from their own disk keeps
+        its own group and mode until they `chgrp` it.
+        """,
+    ).tag(config=True)
+
+    group_gid_base = Int(
+        300000,
+        min=1000,
+        help="""
+        When the hub runs as root, the shared folder of the group with JupyterHub id N
+        belongs to gid `group_gid_base + N`, which its members' servers get as a
+        supplementary group. Choose a range no system group and no `uid_base` user uses.
+        Ignored when the hub is not root.
+        """,
+    ).tag(config=True)
+
     gpus = List(
         Dict(),
         default_value=None,
@@ -633,6 +839,8 @@ class LocalGPUSpawner(CatalogOptions, LocalProcessSpawner):
     exited_unseen = Bool(False)
     #: the server's cgroup folders (empty when it runs without limits)
     cgroup_dirs = List(Unicode())
+    #: supplementary gids of the current start: its groups' shared folders (a root hub)
+    group_gids = List(Int())
     #: OOM kills its cgroups had counted when it started (a reused cgroup keeps its count)
     oom_baseline = Int(0)
 
@@ -739,6 +947,8 @@ class LocalGPUSpawner(CatalogOptions, LocalProcessSpawner):
         try:
             self._progress(40, "Preparing disk")
             disk = await asyncio.to_thread(self._prepare_disk, sandboxed)
+            folders = await asyncio.to_thread(self._prepare_group_folders, disk, sandboxed)
+            self.group_gids = list(folders.gids)
             await self._limit_resources(choice)
             self.cpu_limit = float(choice.cpu)
             self.mem_limit = choice.memory_gib * GIB
@@ -751,7 +961,7 @@ class LocalGPUSpawner(CatalogOptions, LocalProcessSpawner):
             cmd = [os.path.join(self.server_env_prefix, "bin", "jupyterhub-singleuser")]
             cmd += self.get_args()
             if sandboxed:
-                files = await asyncio.to_thread(self._write_identity_files)
+                files = await asyncio.to_thread(self._write_identity_files, folders.names)
                 spec = SandboxSpec(
                     disk=disk,
                     disk_mount=self.disk_mount_path,
@@ -765,6 +975,8 @@ class LocalGPUSpawner(CatalogOptions, LocalProcessSpawner):
                     devices=tuple(device_nodes(gpus)),
                     files=files,
                     run_as=self.run_as,
+                    rw_binds=folders.binds,
+                    groups=folders.gids,
                 )
                 # the disk path is an argument of bwrap's command line: the record's marker
                 cmd = bwrap_command(spec, cmd, bwrap=shutil.which("bwrap") or "bwrap")
@@ -956,6 +1168,44 @@ class LocalGPUSpawner(CatalogOptions, LocalProcessSpawner):
                 self.log.warning("%s has its own 'public' entry; not linking the pool", disk)
         return disk
 
+    @property
+    def shared_root(self) -> str:
+        """The host folder of the groups' shared folders."""
+        return os.path.join(self.data_dir, "shared")
+
+    def group_gid(self, group: SharedGroup) -> int | None:
+        """The gid a group's folder belongs to; None when servers run as the hub's user."""
+        return None if self.run_as is None else self.group_gid_base + group.id
+
+    def _prepare_group_folders(self, disk: str, sandboxed: bool) -> GroupFolders:
+        """The user's groups' folders and their mount points on the disk (blocking)."""
+        groups = shared_folder_groups(self.user, self.log) if self.group_folders else []
+        root = self.shared_root
+        if groups:
+            os.makedirs(root, mode=0o700, exist_ok=True)
+            # servers outside the sandbox, as uids of their own, open the folders by path
+            os.chmod(root, 0o711 if self.run_as and not sandboxed else 0o700)
+        for group in groups:
+            prepare_group_folder(os.path.join(root, group.name), self.group_gid(group), self.log)
+        wanted = {g.name: "" if sandboxed else os.path.join(root, g.name) for g in groups}
+        ready = set(prepare_mount_points(disk, wanted, self.run_as, root, self.log))
+        mounted = [g for g in groups if g.name in ready]
+        if mounted:
+            self.log.info(
+                "%s gets the shared folders of %s", self._log_name, [g.name for g in mounted]
+            )
+        inside = os.path.join(self.disk_mount_path, "shared")
+        gids = [(self.group_gid(g), g.name) for g in mounted]
+        return GroupFolders(
+            binds=tuple(
+                (os.path.join(root, g.name), os.path.join(inside, g.name))
+                for g in mounted
+                if sandboxed
+            ),
+            gids=tuple(gid for gid, _ in gids if gid is not None),
+            names=tuple((gid, name) for gid, name in gids if gid is not None),
+        )
+
     def _copy_starter_notebooks(self, disk: str, run_as) -> None:
         """A new disk starts with the starter notebooks (a copy: the user's to change)."""
         if not os.path.isdir(self.starter_notebooks_dir):
@@ -967,8 +1217,9 @@ class LocalGPUSpawner(CatalogOptions, LocalProcessSpawner):
                 if run_as:
                     os.chown(target, *run_as)
 
-    def _write_identity_files(self) -> dict[str, str]:
-        """/etc/passwd and /etc/group naming the server's uid, so tools that look it up work."""
+    def _write_identity_files(self, groups: Iterable[tuple[int, str]] = ()) -> dict[str, str]:
+        """/etc/passwd and /etc/group naming the server's uid and its groups' gids, so tools
+        that look them up work."""
         uid, gid = self.run_as or (os.getuid(), os.getgid())
         run_dir = os.path.join(self.data_dir, "run", disk_dirname(self.user.name))
         os.makedirs(run_dir, mode=0o755, exist_ok=True)
@@ -978,7 +1229,8 @@ class LocalGPUSpawner(CatalogOptions, LocalProcessSpawner):
                 f"jovyan:x:{uid}:{gid}:{self.user.name}:{self.disk_mount_path}:/bin/bash\n"
                 "nobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n"
             ),
-            "/etc/group": f"root:x:0:\njovyan:x:{gid}:\nnogroup:x:65534:\n",
+            "/etc/group": f"root:x:0:\njovyan:x:{gid}:\nnogroup:x:65534:\n"
+            + "".join(f"{name}:x:{group_gid}:jovyan\n" for group_gid, name in groups),
         }
         paths = {}
         for inside, text in files.items():
@@ -994,9 +1246,10 @@ class LocalGPUSpawner(CatalogOptions, LocalProcessSpawner):
         if run_as is None:
             return None
         uid, gid = run_as
+        supplementary = list(self.group_gids)
 
         def drop():
-            os.setgroups([])
+            os.setgroups(supplementary)
             os.setgid(gid)
             os.setuid(uid)
 

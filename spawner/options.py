@@ -1,5 +1,5 @@
 """What every meterhub backend shares about user options: the catalog, the form's fields,
-validation and group restrictions.
+validation and group restrictions; and which of a user's groups have a shared folder.
 
 User options are the same for every backend: `{"profile": "debug"}` or
 `{"profile": "a800", "gpus": "2"}`. They are validated on the server, whatever the form
@@ -8,16 +8,71 @@ showed: HTTP 400 for a malformed choice, 403 for one the user's groups may not u
 
 from __future__ import annotations
 
+import logging
+import re
+from dataclasses import dataclass
+
 from tornado import web
 from traitlets import Instance, default
 from traitlets.config import LoggingConfigurable
 
 from .catalog import Catalog, Choice, InvalidChoice
 
+#: group names that may name a shared folder (a directory, a Kubernetes claim)
+SHARED_FOLDER_NAME = re.compile(r"[a-z0-9][a-z0-9._-]{0,63}\Z")
+
 
 def group_names(user) -> frozenset[str]:
     """The JupyterHub groups of a spawner's user (a hub User or its ORM row)."""
     return frozenset(group.name for group in getattr(user, "groups", None) or ())
+
+
+@dataclass(frozen=True)
+class SharedGroup:
+    """A group of the user whose members share a folder at `<disk>/shared/<name>`."""
+
+    name: str
+    #: the JupyterHub group's id (the local backend derives the folder's gid from it)
+    id: int
+
+
+def shared_folder_groups(user, log: logging.Logger | None = None) -> list[SharedGroup]:
+    """The groups of `user` whose `properties` say `"shared_folder": true`, by name.
+
+    Read at each start: a member removed from a group gets no folder at the next one.
+    A group whose name cannot name a folder is skipped with a warning.
+    """
+    found = []
+    for group in getattr(user, "groups", None) or ():
+        properties = getattr(group, "properties", None) or {}
+        if properties.get("shared_folder") is not True:
+            continue
+        if not SHARED_FOLDER_NAME.match(group.name):
+            (log or logging.getLogger(__name__)).warning(
+                "Group %r has a shared folder but its name cannot name one"
+                " (lowercase letters, digits, '.', '_', '-'; 64 at most): skipped",
+                group.name,
+            )
+            continue
+        found.append(SharedGroup(group.name, group.id))
+    return sorted(found, key=lambda g: g.name)
+
+
+def nothing_allowed(catalog: Catalog, groups: frozenset[str]) -> str:
+    """Why a member of `groups` may start no choice of the catalog at all, or "" if one."""
+    for profile in catalog.profiles().values():
+        counts = (0,) if profile.is_debug else profile.counts
+        if any(not catalog.refusal(Choice(profile, n), groups) for n in counts):
+            return ""
+    named = [*catalog.allowed_groups.values()]
+    named += [g for counts in catalog.allowed_groups_by_count.values() for g in counts.values()]
+    ask = {}  # one spelling per group (names compare case-insensitively), in a stable order
+    for name in sorted({n for names in named for n in names}, key=lambda n: (n.casefold(), n)):
+        ask.setdefault(name.casefold(), name)
+    return (
+        "Your groups may start no profile on this hub; ask an admin to add you to one of: "
+        + ", ".join(ask.values())
+    )
 
 
 class CatalogOptions(LoggingConfigurable):
@@ -36,21 +91,29 @@ class CatalogOptions(LoggingConfigurable):
         return _apply_catalog_options
 
     def options_from_form(self, formdata):
-        """The form posts `profile` and, per GPU profile, `gpus_<profile>`."""
+        """The form posts `profile`, per GPU profile `gpus_<profile>`, and, where the
+        deployment offers a choice of who pays, `wallet` (checked by the deployment)."""
         profile = (formdata.get("profile") or [""])[0]
         options = {"profile": profile}
         gpus = (formdata.get(f"gpus_{profile}") or [""])[0]
         if gpus:
             options["gpus"] = gpus
+        wallet = (formdata.get("wallet") or [""])[0]
+        if wallet and "wallet" in self.catalog.extra_options:
+            options["wallet"] = wallet
         return options
 
     def parse_options(self) -> Choice:
         """The validated, permitted choice from user_options; an HTTP error otherwise."""
+        groups = group_names(self.user)
+        refusal = nothing_allowed(self.catalog, groups)
+        if refusal:
+            raise web.HTTPError(403, refusal, reason="No profile allowed")
         try:
             choice = self.catalog.parse(self.user_options)
         except InvalidChoice as e:
             raise web.HTTPError(400, str(e), reason="Invalid profile") from None
-        refusal = self.catalog.refusal(choice, group_names(self.user))
+        refusal = self.catalog.refusal(choice, groups)
         if refusal:
             raise web.HTTPError(403, refusal, reason="Profile not allowed")
         return choice

@@ -1,8 +1,9 @@
 """The bubblewrap sandbox a local server runs in, as a pure command builder.
 
 Inside: the system read-only, the user's disk read-write at its mount path, the pool
-read-only at /public, a private /tmp and /dev/shm, only the user's GPU device nodes, and
-nothing of other users or of the hub's data directory.
+read-only at /public, the shared folders of the user's groups read-write, a private /tmp
+and /dev/shm, only the user's GPU device nodes, and nothing of other users or of the hub's
+data directory.
 """
 
 from __future__ import annotations
@@ -35,6 +36,11 @@ class SandboxSpec:
     files: dict[str, str] = field(default_factory=dict)
     #: (uid, gid) to switch to inside, when bwrap itself runs as root
     run_as: tuple[int, int] | None = None
+    #: (host path, inside path) bound read-write after the disk (the groups' shared
+    #: folders); each inside path's mount point must already exist on the disk
+    rw_binds: tuple[tuple[str, str], ...] = ()
+    #: supplementary group ids inside, with run_as (the groups whose folders are bound)
+    groups: tuple[int, ...] = ()
 
 
 def _inside(path: str, parent: str) -> bool:
@@ -76,6 +82,8 @@ def bwrap_command(spec: SandboxSpec, command: list[str], bwrap: str = "bwrap") -
         if any(_inside(path, b) for b in bound):
             args += ["--tmpfs", path]
     args += ["--bind", spec.disk, spec.disk_mount]
+    for host_path, inside in spec.rw_binds:
+        args += ["--bind", host_path, inside]
     if spec.pool:
         args += ["--ro-bind", spec.pool, spec.pool_mount]
     for inside, host_file in spec.files.items():
@@ -90,7 +98,7 @@ def bwrap_command(spec: SandboxSpec, command: list[str], bwrap: str = "bwrap") -
             "setpriv",
             f"--reuid={uid}",
             f"--regid={gid}",
-            "--clear-groups",
+            f"--groups={','.join(map(str, spec.groups))}" if spec.groups else "--clear-groups",
             "--inh-caps=-all",
             "--bounding-set=-all",
             "--no-new-privs",

@@ -87,3 +87,66 @@ def test_nvml_product_names_map_to_types():
     assert gpu_type_for_product("NVIDIA A800 80GB PCIe").slug == "a800"
     assert gpu_type_for_product("NVIDIA H800").slug == "h800"
     assert gpu_type_for_product("NVIDIA H200") is None
+
+
+def test_group_limits_ignore_letter_case():
+    catalog = Catalog(
+        allowed_groups={"h800": ["Lab-A"]}, allowed_groups_by_count={"a800": {"8": ["STAFF"]}}
+    )
+    h800 = catalog.profiles()["h800"]
+    assert catalog.profile_refusal(h800, frozenset({"lab-a"})) == ""
+    assert catalog.refusal(catalog.choice("h800", 1), frozenset({"LAB-A"})) == ""
+    assert catalog.refusal(catalog.choice("a800", 8), frozenset({"staff"})) == ""
+    assert "limited to the groups STAFF" in catalog.refusal(
+        catalog.choice("a800", 8), frozenset({"lab-a"})
+    )
+    assert "limited to the groups Lab-A" in catalog.profile_refusal(h800, frozenset({"lab-b"}))
+
+
+def _spawner_of(catalog, *groups):
+    from types import SimpleNamespace
+
+    from meterhub.spawner.options import CatalogOptions
+
+    user = SimpleNamespace(name="ann", groups=[SimpleNamespace(name=g) for g in groups])
+    spawner = CatalogOptions(catalog=catalog)
+    spawner.user = user
+    return spawner
+
+
+ONLY_FOR_GROUPS = {"debug": ["course-101"], "rtx4090": ["Vision"], "a800": ["vision"]}
+
+
+def test_a_user_who_may_start_nothing_is_refused_with_whom_to_ask():
+    from tornado import web
+
+    catalog = Catalog(allowed_groups={**ONLY_FOR_GROUPS, "h800": ["staff"]})
+    outsider = _spawner_of(catalog, "other")
+    for options in ({"profile": "debug"}, {"profile": "a800", "gpus": "1"}, {}):
+        outsider.user_options = options
+        with pytest.raises(web.HTTPError) as e:
+            outsider.parse_options()
+        assert e.value.status_code == 403
+        assert e.value.log_message == (
+            "Your groups may start no profile on this hub; ask an admin to add you to one of:"
+            " course-101, staff, Vision"
+        )
+    member = _spawner_of(catalog, "VISION")
+    member.user_options = {"profile": "a800", "gpus": "2"}
+    assert member.parse_options().label == "2 × A800"
+    member.user_options = {"profile": "h800", "gpus": "1"}
+    with pytest.raises(web.HTTPError, match="H800 is limited to the groups staff"):
+        member.parse_options()  # one refused choice is not "nothing"
+
+
+def test_counts_count_when_deciding_that_nothing_may_start():
+    from meterhub.spawner.options import nothing_allowed
+
+    catalog = Catalog(
+        allowed_groups={**ONLY_FOR_GROUPS, "h800": ["staff"], "a800": ["x"]},
+        allowed_groups_by_count={"rtx4090": {"1": ["y"], "2": ["y"], "4": ["y"], "8": ["y"]}},
+    )
+    assert nothing_allowed(catalog, frozenset({"vision"}))  # every rtx4090 count is y's
+    assert nothing_allowed(catalog, frozenset({"vision", "y"})) == ""
+    assert "y" in nothing_allowed(catalog, frozenset()).split(": ")[1].split(", ")
+    assert nothing_allowed(Catalog(), frozenset()) == ""

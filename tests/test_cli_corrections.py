@@ -22,7 +22,7 @@ from meterhub.billing_hooks.db import connect
 from meterhub.billing_hooks.ledger import Ledger
 from meterhub.billing_hooks.money import to_micros
 from meterhub.billing_hooks.settings import BillingSettings
-from meterhub.hub.billing_cli import DatabaseUnreadable, _require_user
+from meterhub.hub.billing_cli import DatabaseUnreadable, require_user
 from meterhub.hub.config import apply_config, load_site_config
 
 from .clirun import run_cli
@@ -295,7 +295,7 @@ def test_the_hub_database_url_is_shown_without_its_password():
     c = Config()
     c.JupyterHub.db_url = "postgresql+psycopg://hub:s3cret@127.0.0.1:1/jupyterhub"
     with pytest.raises(DatabaseUnreadable) as e:
-        _require_user(c, "anyone")
+        require_user(c, "anyone")
     message = str(e.value)
     assert message.startswith("cannot read the hub database (postgresql+psycopg://hub:***@")
     assert "s3cret" not in message

@@ -71,7 +71,7 @@ def test_choices_limited_to_other_groups_are_disabled_with_the_reason():
         allowed_groups={"h800": ["lab-a"]}, allowed_groups_by_count={"a800": {"8": ["staff"]}}
     )
     options = {o.profile.slug: o for o in profile_options(catalog, None, groups=frozenset())}
-    assert options["h800"].disabled_reason == "Not allowed for your group"
+    assert options["h800"].disabled_reason == "Not allowed for your group (only for lab-a)"
     assert {c.count: c.disabled_reason for c in options["a800"].counts} == {
         1: "",
         2: "",
@@ -83,3 +83,32 @@ def test_choices_limited_to_other_groups_are_disabled_with_the_reason():
     assert not any(c.disabled_reason for o in members for c in o.counts)
     html = render_options_form(catalog, None, groups=frozenset())
     assert "not allowed for your group" in html.lower()
+    assert "meterhub-nothing-allowed" not in html  # debug and more are still open
+
+
+def test_group_limits_on_the_form_ignore_letter_case():
+    catalog = Catalog(allowed_groups={"h800": ["Lab-A"]})
+    options = {o.profile.slug: o for o in profile_options(catalog, None, groups={"lab-a"})}
+    assert options["h800"].disabled_reason == ""
+
+
+def test_a_user_who_may_start_nothing_is_told_so_at_the_top():
+    catalog = Catalog(
+        allowed_groups={
+            "debug": ["staff"],
+            "rtx4090": ["staff"],
+            "a800": ["lab-a"],
+            "h800": ["lab-a"],
+        }
+    )
+    html = render_options_form(catalog, None, groups=frozenset({"other"}))
+    message = (
+        "Your groups may start no profile on this hub; ask an admin to add you to one of:"
+        " lab-a, staff"
+    )
+    assert 'id="meterhub-nothing-allowed"' in html and message in html
+    assert html.index(message) < html.index('id="profile-debug"')
+    assert 'type="radio" name="profile" value="debug" disabled' in html
+    assert " checked" not in html  # nothing preselected
+    member = render_options_form(catalog, None, groups=frozenset({"Staff"}))
+    assert "meterhub-nothing-allowed" not in member and 'value="debug" checked' in member

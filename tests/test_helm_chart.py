@@ -766,6 +766,9 @@ def test_the_billing_app_answers_its_probes_at_the_rendered_paths(chart, tmp_pat
         async def user_exists(self, name):
             return False
 
+        async def group_members(self, name):
+            return None
+
         async def running_servers(self):
             return {}
 

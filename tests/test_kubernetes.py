@@ -185,9 +185,9 @@ def test_group_restrictions_are_enforced_server_side(restricted):
         render(site, "alice", "h800", 1)
     with pytest.raises(RenderError, match="8 × A800 is limited to the groups staff"):
         render(site, "alice", "a800", 8, groups=["lab-a"])
-    pod, _ = render(site, "alice", "h800", 1, groups=["lab-a"])
+    pod, *_ = render(site, "alice", "h800", 1, groups=["lab-a"])
     assert spec_of(pod)[1]["resources"]["limits"]["nvidia.com/gpu"] == "1"
-    pod, _ = render(site, "carol", "a800", 8, groups=["staff"])
+    pod, *_ = render(site, "carol", "a800", 8, groups=["staff"])
     assert spec_of(pod)[1]["resources"]["limits"]["nvidia.com/gpu"] == "8"
     # KubeSpawner's own profile_list leaves the forbidden choices out as well
     profiles = {p["slug"]: p for p in profile_list(site, "alice")}
@@ -651,3 +651,131 @@ def test_an_operators_hooks_on_the_local_backend_run_after_billing(tmp_path):
     asyncio.run(run())
     assert calls == [("pre", "alice"), ("post", "alice")]
     assert not ledger.open_sessions("alice")
+
+
+def test_group_members_mount_their_groups_shared_claims(site):
+    documents = render(site, "alice", "a800", 1, groups=["vision", "lab_b"])
+    pod, home, *claims = documents
+    assert home["metadata"]["name"] == "claim-alice"
+    for version in KUBERNETES_VERSIONS:
+        for document in documents:
+            kubernetes_validate.validate(document, version, strict=True)
+    spec, container = spec_of(pod)
+    volumes, mounts = volumes_of(spec), mounts_of(container)
+    assert volumes["group-vision"]["persistentVolumeClaim"] == {
+        "claimName": "meterhub-group-vision"
+    }
+    assert mounts["/home/jovyan/shared/vision"] == {
+        "mountPath": "/home/jovyan/shared/vision",
+        "name": "group-vision",
+    }
+    # `_` is no DNS character: the claim gets a stable name of its own, not lab-b's
+    odd = mounts["/home/jovyan/shared/lab_b"]["name"]
+    assert odd.startswith("group-lab-b-") and odd != "group-lab-b"
+    names = [m["mountPath"] for m in container["volumeMounts"]]
+    assert names.index("/home/jovyan") < names.index("/home/jovyan/shared/vision")
+    by_group = {c["metadata"]["annotations"]["meterhub.io/group"]: c for c in claims}
+    assert set(by_group) == {"vision", "lab_b"}
+    vision = by_group["vision"]
+    assert vision["metadata"]["name"] == "meterhub-group-vision"
+    assert vision["spec"]["accessModes"] == ["ReadWriteMany"]
+    assert vision["spec"]["resources"]["requests"]["storage"] == "10Gi"
+    assert (
+        by_group["lab_b"]["metadata"]["name"] == volumes[odd]["persistentVolumeClaim"]["claimName"]
+    )
+
+
+def test_a_user_in_no_shared_group_gets_no_group_volume(site):
+    pod, pvc = render(site, "alice", "debug")
+    spec, container = spec_of(pod)
+    assert not [v for v in volumes_of(spec) if v.startswith("group-")]
+    assert not [m for m in mounts_of(container) if "/shared/" in m]
+
+
+async def _start_in_groups(c, groups, properties):
+    """A KubeGPUSpawner's start for a user in `groups` (each with `properties`)."""
+    from types import SimpleNamespace
+
+    from meterhub.hub.render_k8s import offline_spawner, start_manifests
+
+    spawner = offline_spawner(c, "alice")
+    spawner.user.groups = [
+        SimpleNamespace(name=g, id=i, properties=properties) for i, g in enumerate(groups, 1)
+    ]
+    return spawner, await start_manifests(spawner, {"profile": "debug"})
+
+
+def test_groups_without_a_shared_folder_or_with_the_trait_off_get_none():
+    import asyncio
+
+    from traitlets.config import Config
+
+    from meterhub.hub.render_k8s import start_manifests
+
+    async def check():
+        c = Config()
+        _, documents = await _start_in_groups(c, ["vision"], {})
+        assert len(documents) == 2
+        c.KubeGPUSpawner.group_folders = False
+        _, documents = await _start_in_groups(c, ["vision"], {"shared_folder": True})
+        assert len(documents) == 2
+        c = Config()
+        c.KubeGPUSpawner.group_folder_claim_template = "shared-{group}"
+        c.KubeGPUSpawner.group_folder_storage_class = "nfs-rwx"
+        c.KubeGPUSpawner.group_folder_capacity = "1Ti"
+        spawner, (pod, _, claim) = await _start_in_groups(c, ["vision"], {"shared_folder": True})
+        assert claim["metadata"]["name"] == "shared-vision"
+        assert claim["spec"]["storageClassName"] == "nfs-rwx"
+        assert claim["spec"]["resources"]["requests"]["storage"] == "1Ti"
+        # the spawner outlives the server: removed from the group, no mount next start
+        spawner.user.groups = []
+        pod, *rest = await start_manifests(spawner, {"profile": "debug"})
+        assert len(rest) == 1 and "/home/jovyan/shared/vision" not in mounts_of(spec_of(pod)[1])
+
+    asyncio.run(check())
+
+
+def test_the_spawner_ensures_the_claims_before_the_pod_and_tolerates_existing_ones():
+    """`_start` creates each group's claim (409 "already exists" is success) first."""
+    import asyncio
+    from types import SimpleNamespace
+
+    from kubernetes_asyncio.client.rest import ApiException
+    from traitlets.config import Config
+
+    from meterhub.hub.render_k8s import offline_spawner
+
+    created: list[str] = []
+
+    class FakeApi:
+        async def create_namespaced_persistent_volume_claim(self, namespace, body):
+            created.append(body.metadata.name)
+            if body.metadata.name == "meterhub-group-nlp":
+                raise ApiException(status=409, reason="AlreadyExists")
+
+    async def check():
+        spawner = offline_spawner(Config(), "alice")
+        spawner.user.groups = [
+            SimpleNamespace(name=g, id=i, properties={"shared_folder": True})
+            for i, g in enumerate(["nlp", "vision"], 1)
+        ]
+        spawner.api = FakeApi()
+        await spawner.ensure_group_claims(spawner.user_shared_groups())
+
+    asyncio.run(check())
+    assert created == ["meterhub-group-nlp", "meterhub-group-vision"]
+
+
+def test_render_k8s_shows_a_groups_folder(restricted):
+    out = subprocess.run(
+        [METERHUB, "render-k8s", "--config", str(restricted), "--user", "dan"]
+        + ["--profile", "debug", "--group", "vision"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr
+    pod, _, claim = yaml.safe_load_all(out.stdout)
+    assert "/home/jovyan/shared/vision" in mounts_of(spec_of(pod)[1])
+    assert claim["kind"] == "PersistentVolumeClaim"
+    assert claim["metadata"]["name"] == "meterhub-group-vision"

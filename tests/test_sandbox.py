@@ -72,6 +72,16 @@ def test_root_hub_drops_to_the_user_inside_with_no_capabilities():
     assert "setpriv" not in plain and "--cap-add" not in plain
 
 
+def test_group_folders_are_bound_rw_after_the_disk_with_their_gids():
+    binds = (("/data/shared/vision", "/home/jovyan/shared/vision"),)
+    cmd = bwrap_command(spec(rw_binds=binds, groups=(300007,), run_as=(200001, 200001)), ["x"])
+    rw = pairs(cmd, "--bind")
+    assert rw == [("/data/disks/alice", "/home/jovyan"), *binds]  # inside the disk: after it
+    assert "--groups=300007" in cmd and "--clear-groups" not in cmd
+    plain = bwrap_command(spec(), ["x"])
+    assert pairs(plain, "--bind") == [("/data/disks/alice", "/home/jovyan")]
+
+
 @pytest.mark.skipif(bwrap_works() != "", reason="bubblewrap cannot run here")
 def test_sandbox_really_hides_and_protects(tmp_path):
     """Run a real sandbox: the disk is writable, the pool is not, the data dir is gone."""

@@ -365,5 +365,8 @@ def test_the_billing_app_hands_its_meter_to_the_health_check(tmp_path):
         async def user_exists(self, name):
             return False
 
+        async def group_members(self, name):
+            return None
+
     app = make_app("/services/billing/", ledger, 0, Hub(), Config(), [30], meter)
     assert app.settings["meter"] is meter

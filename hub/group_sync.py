@@ -1,0 +1,108 @@
+"""Groups in the hub: the membership changes the CLI asked for, and the group admins' roles.
+
+JupyterHub expects no other writer of its database, and roles come only from its config
+(it deletes the others at start-up). So the CLI never writes the hub's database for groups:
+it queues changes in the ledger (`hub_changes`), and the hub applies them in its own process
+and session, every `sync_interval_seconds`; the group admins' roles are made from the
+ledger's `group_admins`, both at start-up (`load_roles`) and by the same sync while running.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from jupyterhub import orm, roles
+from sqlalchemy import func
+
+from meterhub.billing_hooks.scopes import GROUP_ADMIN_ROLE_PREFIX, group_admin_role
+
+log = logging.getLogger("meterhub.groups")
+
+
+def group_admin_roles(ledger) -> list[dict]:
+    """One role per group with a wallet, held by its admins (blocking: reads the ledger)."""
+    return [group_admin_role(group, admins) for group, admins in ledger.group_admins().items()]
+
+
+def find_group(db, name: str) -> orm.Group | None:
+    """The hub's group of this name, compared case-insensitively (an identity provider may
+    spell it "Vision"; the ledger keeps "vision")."""
+    exact = orm.Group.find(db, name)
+    if exact is not None:
+        return exact
+    return db.query(orm.Group).filter(func.lower(orm.Group.name) == name.casefold()).first()
+
+
+def apply_change(db, change) -> str:
+    """Apply one queued change to the hub's groups; what it found ("" when it did it)."""
+    group = find_group(db, change.group_name)
+    if change.action == "create":
+        if group is None:
+            group = orm.Group(name=change.group_name, properties={})
+            db.add(group)
+        properties = dict(group.properties or {})
+        properties["shared_folder"] = True
+        group.properties = properties
+        return ""
+    if group is None:
+        return f"no group {change.group_name!r} in the hub"
+    user = orm.User.find(db, change.user_name)
+    if user is None:
+        return f"no user {change.user_name!r} in the hub"
+    if change.action == "add":
+        if user not in group.users:
+            group.users.append(user)
+            return ""
+        return "already a member"
+    if user in group.users:
+        group.users.remove(user)
+        return ""
+    return "not a member"
+
+
+def sync_roles(db, wanted: list[dict]) -> None:
+    """Make the hub's group-admin roles exactly `wanted` (specs with their users)."""
+    names = {spec["name"] for spec in wanted}
+    for role in db.query(orm.Role).filter(orm.Role.name.startswith(GROUP_ADMIN_ROLE_PREFIX)):
+        if role.name not in names:
+            log.info("Removing the role %s: its group has no wallet", role.name)
+            db.delete(role)
+    for spec in wanted:
+        role = roles.create_role(
+            db, {k: spec[k] for k in ("name", "description", "scopes")}, commit=False
+        )
+        holders = set(spec["users"])
+        for user in list(role.users):
+            if user.name not in holders:
+                roles.strip_role(db, user, role, commit=False)
+        for name in holders:
+            user = orm.User.find(db, name)
+            if user is not None:
+                roles.grant_role(db, user, role, commit=False)
+    db.commit()
+
+
+async def sync_groups(db, ledger) -> int:
+    """Apply pending membership changes and the admins' roles; returns changes applied.
+
+    Ledger reads and writes run in threads; the hub's session is used on the event loop's
+    thread only, as JupyterHub itself uses it.
+    """
+    pending = await asyncio.to_thread(ledger.pending_hub_changes)
+    for change in pending:
+        outcome = apply_change(db, change)
+        db.commit()
+        if outcome:
+            log.info(
+                "Group change %s (%s %s %s): %s",
+                change.id,
+                change.action,
+                change.group_name,
+                change.user_name or "",
+                outcome,
+            )
+        await asyncio.to_thread(ledger.hub_change_applied, change.id, outcome)
+    wanted = await asyncio.to_thread(group_admin_roles, ledger)
+    sync_roles(db, wanted)
+    return len(pending)
