@@ -314,11 +314,10 @@ class BillingHandler(HubOAuthenticated, web.RequestHandler):
     async def authorize_group(self, group: str) -> tuple[str, list[str]]:
         """Apply a group route's rule: (the group's name, lower case, and its members).
 
-        The rule is decided from the token: the group-admin scope filtered to this group (or
-        a billing admin's); for MEMBER routes also the groups the hub reports for the token,
-        which it does only when the token may read its owner's groups (a server's own token
-        may not). A group without a wallet, or that the hub does not have, is a 404 once the
-        caller may know.
+        Managing is decided from the token's scopes: the group-admin scope filtered to this
+        group (or a billing admin's). Reading (MEMBER) is also open to any token of a member,
+        as any token reads its owner's own wallet: the group view only reads. A group without
+        a wallet, or that the hub does not have, is a 404 once the caller may know.
         """
         rule = self.access[self.request.method]
         name = group.casefold()

@@ -100,6 +100,15 @@ def load_site_config(path: str | os.PathLike | None, cwd: str | None = None) -> 
                     problems.append(str(e))
         problems += gpu_type_problems(site)
         problems += https_problems(site)
+        auth = site.get("auth") or {}
+        if auth.get("manage_groups") and auth.get("type", "native") not in (
+            "github",
+            "generic-oauth",
+        ):
+            problems.append(
+                "auth.manage_groups: groups come from github or generic-oauth providers only;"
+                " with native accounts use `meterhub group add`"
+            )
     if problems:
         raise ConfigError(f"{source}: " + "\n  ".join(["invalid site config:", *problems]))
     if os.environ.get("METERHUB_DB_URL"):
@@ -351,12 +360,28 @@ def apply_auth(site: dict, c: Config) -> Config:
                 setattr(section, key, oauth[key])
         section.username_claim = oauth.get("username_claim", "preferred_username")
         section.scope = list(oauth.get("scope", ["openid", "profile", "email"]))
-        if groups:
-            # the provider's groups become JupyterHub groups (also for profiles.allowed_groups)
+        if groups or auth.get("manage_groups"):
+            # the provider's groups become JupyterHub groups (also for profiles.allowed_groups
+            # and group wallets), refreshed at each sign-in
             section.manage_groups = True
             section.auth_state_groups_key = "oauth_user." + oauth.get("groups_claim", "groups")
+        if groups:
             section.allowed_groups = groups
+    if kind == "github" and auth.get("manage_groups"):
+        section.populate_teams_in_auth_state = True
+        section.scope = sorted({*section.get("scope", []), "read:org"})
+        section.manage_groups = True
+        section.auth_state_groups_key = github_team_groups
     return c
+
+
+def github_team_groups(auth_state: dict) -> list[str]:
+    """GitHub teams as hub group names: `<org>.<team slug>`, lower case (a group wallet's
+    name may not hold the `:` of GitHub's own `org:team`)."""
+    return sorted(
+        f"{team['organization']['login']}.{team['slug']}".lower()
+        for team in auth_state.get("teams") or ()
+    )
 
 
 def template_vars(site: dict, sandbox_warning: str = "") -> dict:

@@ -51,7 +51,20 @@ def group_create(args) -> int:
     return 0
 
 
+def _not_managed(args) -> None:
+    """Membership from an identity provider is refreshed at each sign-in: the CLI's
+    changes would be undone, so they are refused."""
+    from .config import load_site_config
+
+    if load_site_config(args.config)["auth"].get("manage_groups"):
+        raise CliError(
+            "auth.manage_groups is on: membership comes from the identity provider at each"
+            " sign-in; change it there"
+        )
+
+
 def group_add(args) -> int:
+    _not_managed(args)
     c, settings = load_settings(args)
     ledger = settings.ledger()
     group = _group(ledger, args.name)
@@ -64,6 +77,7 @@ def group_add(args) -> int:
 
 
 def group_remove(args) -> int:
+    _not_managed(args)
     c, settings = load_settings(args)
     ledger = settings.ledger()
     group = _group(ledger, args.name)

@@ -8,7 +8,8 @@ Actors act on amy's data: `user` is amy's own API token, `other` is ben's, `admi
 admin's full token, `admin_narrow` the same admin's token scoped only to reach billing,
 `kernel` the token amy's running server holds (what code in a notebook can read),
 `billing` the billing service's own token, `admin_service` the operator's service token
-(METERHUB_ADMIN_TOKEN). On the hub's pages, `user_cookie` and `admin_cookie` are amy and the
+(METERHUB_ADMIN_TOKEN), `group_admin` the token of pia, the admin (PI) of the group `lab`
+that amy belongs to and ben does not — no hub admin. On the hub's pages, `user_cookie` and `admin_cookie` are amy and the
 admin signed in with a browser session; tokens do not open pages.
 """
 
@@ -27,16 +28,30 @@ from tornado import web
 from meterhub.billing_hooks import api
 from meterhub.hub.config import PAGE_HANDLERS
 
-from .hubprocess import ADMIN_TOKEN
+from .hubprocess import ADMIN_TOKEN, until
 from .test_pages import METERHUB, PASSWORD, admin_password, session_of
 
-USER, OTHER = "amy", "ben"
-A = ("anonymous", "user", "other", "admin", "admin_narrow", "kernel", "billing", "admin_service")
+USER, OTHER, PI, GROUP = "amy", "ben", "pia", "lab"
+A = (
+    "anonymous",
+    "user",
+    "other",
+    "admin",
+    "admin_narrow",
+    "kernel",
+    "billing",
+    "admin_service",
+    "group_admin",
+)
 
 
-def row(anonymous, user, other, admin, admin_narrow, kernel, billing, admin_service) -> dict:
+def row(
+    anonymous, user, other, admin, admin_narrow, kernel, billing, admin_service, group_admin=None
+) -> dict:
+    """Expected statuses; the group admin is, to amy's own data, just another user."""
+    group_admin = other if group_admin is None else group_admin
     values = (anonymous, user, other, admin, admin_narrow, kernel, billing, admin_service)
-    return dict(zip(A, values, strict=True))
+    return dict(zip(A, (*values, group_admin), strict=True))
 
 
 PUBLIC = row(200, 200, 200, 200, 200, 200, 200, 200)
@@ -82,6 +97,18 @@ API = {
         {"price_per_hour": "0.10"},
         row(403, 403, 403, 200, 403, 403, 403, 200),
     ),
+    # the group lab: its members read it (any token of amy's, as her own wallet: reading
+    # only), its admin and billing admins manage it; only billing admins make money
+    ("GET", "/groups/{group}"): (None, row(403, 200, 403, 200, 403, 200, 403, 200, 200)),
+    ("POST", "/groups/{group}/grants"): (
+        {"amount": "0.01"},
+        row(403, 403, 403, 201, 403, 403, 403, 201, 403),
+    ),
+    ("PUT", "/groups/{group}/caps/{name}"): (
+        {"amount": "1.00"},
+        row(403, 403, 403, 200, 403, 403, 403, 200, 200),
+    ),
+    ("GET", "/groups/{group}/usage"): (None, row(403, 403, 403, 200, 403, 403, 403, 200, 200)),
 }
 
 #: hub pages take a browser session (cookie + XSRF), never a token: a token there is anonymous
@@ -158,7 +185,7 @@ def matrix_hub(hub_factory):
         {"gpus": [{"type": "a800", "count": 1}], "billing": {"trial_credit": "10.00"}},
         name="matrix",
     )
-    for name in (USER, OTHER):
+    for name in (USER, OTHER, PI):
         add = [METERHUB, "user", "add", name, "--password-stdin", "--config", str(hub.config_path)]
         out = subprocess.run(add, input=PASSWORD, capture_output=True, text=True, timeout=120)
         assert out.returncode == 0, out.stderr
@@ -169,6 +196,14 @@ def matrix_hub(hub_factory):
         assert r.status_code == 201, r.text
         return r.json()["token"]
 
+    config = ["--config", str(hub.config_path)]
+    for command in (["create", GROUP, "--admin", PI], ["add", GROUP, USER]):
+        out = subprocess.run([METERHUB, "group", *command, *config], capture_output=True, text=True)
+        assert out.returncode == 0, out.stderr
+    until(
+        lambda: hub.api("GET", f"/groups/{GROUP}").json().get("users") == [USER],
+        "the hub to apply the group",
+    )
     hub.spawn(USER, {"profile": "debug"})
     kernel = process_env(
         lambda e: (
@@ -192,6 +227,7 @@ def matrix_hub(hub_factory):
         "kernel": kernel,
         "billing": billing,
         "admin_service": ADMIN_TOKEN,
+        "group_admin": token(PI),
     }
     yield hub
     hub.stop_server(USER)
@@ -203,7 +239,7 @@ def xsrf(session) -> str:
 
 
 def concrete(path: str) -> str:
-    return path.format(name=USER, session_id=999999, profile="debug")
+    return path.format(name=USER, session_id=999999, profile="debug", group=GROUP)
 
 
 def token_headers(hub, actor: str) -> dict:

@@ -307,3 +307,37 @@ def test_the_schema_defaults_are_the_traits_defaults():
         debug["cpu"]["default"],
         debug["memory_gib"]["default"],
     )
+
+
+def test_groups_from_the_identity_provider(tmp_path):
+    from meterhub.hub.config import github_team_groups
+
+    github = "{type: github, manage_groups: true, oauth: {client_id: abc, allow_all: true}}"
+    c = apply_config(load_site_config(write(tmp_path, f"auth: {github}")), Config())
+    g = c.GitHubOAuthenticator
+    assert g.manage_groups and g.populate_teams_in_auth_state and "read:org" in g.scope
+    assert g.auth_state_groups_key is github_team_groups
+    teams = [{"organization": {"login": "MIT-Lab"}, "slug": "vision"}]
+    assert github_team_groups({"teams": teams}) == ["mit-lab.vision"]
+    oidc = (
+        "{type: generic-oauth, manage_groups: true, oauth: {client_id: abc, allow_all: true,"
+        " groups_claim: roles}}"
+    )
+    c = apply_config(load_site_config(write(tmp_path, f"auth: {oidc}")), Config())
+    assert c.GenericOAuthenticator.manage_groups is True
+    assert c.GenericOAuthenticator.auth_state_groups_key == "oauth_user.roles"
+    assert "allowed_groups" not in c.GenericOAuthenticator  # membership, not who signs in
+    with pytest.raises(ConfigError, match="auth.manage_groups: groups come from github"):
+        load_site_config(write(tmp_path, "auth: {type: native, manage_groups: true}"))
+
+
+def test_group_settings_reach_billing_the_hub_and_the_spawners(tmp_path):
+    site = "groups: {alert_balances: ['50.00', 0], alert_runway_days: 3, sync_interval_seconds: 2, shared_folders: false}"
+    c = apply_config(load_site_config(write(tmp_path, site)), Config())
+    assert c.BillingSettings.group_alert_balances == ["50.00", "0"]
+    assert c.BillingSettings.group_alert_runway_days == 3
+    assert c.MeterHub.group_sync_interval_seconds == 2
+    assert c.LocalGPUSpawner.group_folders is False and c.KubeGPUSpawner.group_folders is False
+    assert c.Catalog.extra_options == ["wallet"]
+    with pytest.raises(ConfigError, match="groups"):
+        load_site_config(write(tmp_path, "groups: {sync_interval_seconds: 0}"))
