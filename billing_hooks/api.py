@@ -33,7 +33,7 @@ from tornado import web
 from meterhub.spawner.catalog import PASS_PERIODS
 
 from . import actions
-from .groups import runway_phrase
+from .groups import month_bounds, runway_phrase
 from .ledger import Ledger
 from .money import (
     AmountError,
@@ -774,17 +774,6 @@ class GroupCapHandler(BillingHandler):
         )
 
 
-def _month(text: str) -> tuple[int, int]:
-    """[start, end) of a UTC month written YYYY-MM."""
-    try:
-        year, month = (int(part) for part in text.split("-"))
-        start = datetime(year, month, 1, tzinfo=UTC)
-        end = datetime(year + month // 12, month % 12 + 1, 1, tzinfo=UTC)
-    except ValueError:
-        raise web.HTTPError(400, "month: YYYY-MM, e.g. 2026-12") from None
-    return int(start.timestamp()), int(end.timestamp())
-
-
 class GroupUsageHandler(BillingHandler):
     """The group's statement, as JSON or CSV, for its admins."""
 
@@ -796,7 +785,10 @@ class GroupUsageHandler(BillingHandler):
         if form not in ("json", "csv"):
             raise web.HTTPError(400, "format: json or csv")
         month = self.get_argument("month", "")
-        since, until = _month(month) if month else (None, None)
+        try:
+            since, until = month_bounds(month) if month else (None, None)
+        except ValueError as e:
+            raise web.HTTPError(400, "%s", str(e)) from None
         if form == "csv":
             text = await self.act(actions.group_usage_csv, self.ledger, name, since, until)
             self.set_header("Content-Type", "text/csv; charset=utf-8")

@@ -6,8 +6,10 @@ Membership itself is JupyterHub's: callers pass the members they got from the hu
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
 from sqlalchemy import delete, func, select, update
@@ -38,6 +40,19 @@ DAY = 86_400
 RUNWAY_DAYS = 7
 #: pending hub changes applied in one go
 HUB_CHANGES_BATCH = 200
+MONTH = re.compile(r"^(\d{4})-(\d{2})\Z")
+
+
+def month_bounds(text: str) -> tuple[int, int]:
+    """[start, end) (UTC epoch seconds) of the month written YYYY-MM: a statement's period.
+    ValueError when it is not one."""
+    match = MONTH.match(text)
+    if match is None or not 1 <= int(match[2]) <= 12 or int(match[1]) < 1970:
+        raise ValueError("month: YYYY-MM, e.g. 2026-03")
+    year, month = int(match[1]), int(match[2])
+    start = datetime(year, month, 1, tzinfo=UTC)
+    end = datetime(year + month // 12, month % 12 + 1, 1, tzinfo=UTC)
+    return int(start.timestamp()), int(end.timestamp())
 
 
 @dataclass

@@ -406,6 +406,10 @@ PAGE_HANDLERS = [
     (r"/wallet/usage.csv", "meterhub.hub.pages.WalletCsv"),
     (r"/billing-admin", "meterhub.hub.pages.BillingAdminPage"),
     (r"/billing-admin/grant", "meterhub.hub.pages.BillingAdminGrant"),
+    (r"/groups/([^/]+)", "meterhub.hub.group_pages.GroupPage"),
+    (r"/groups/([^/]+)/caps", "meterhub.hub.group_pages.GroupCapPage"),
+    (r"/groups/([^/]+)/stop", "meterhub.hub.group_pages.GroupStopPage"),
+    (r"/groups/([^/]+)/statement.csv", "meterhub.hub.group_pages.GroupStatement"),
 ]
 
 

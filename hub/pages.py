@@ -20,7 +20,7 @@ from tornado import web
 from meterhub.billing_hooks import actions
 from meterhub.billing_hooks.api import usage_json, wallet_json
 from meterhub.billing_hooks.money import CURRENCY_SYMBOLS, accrued, format_money, to_micros
-from meterhub.billing_hooks.scopes import is_billing_admin, may_spend
+from meterhub.billing_hooks.scopes import GROUP_ADMIN_SCOPE, is_billing_admin, may_spend
 from meterhub.billing_hooks.settings import BillingSettings, pass_capacity, priced_catalog
 from meterhub.spawner.catalog import Catalog
 
@@ -34,14 +34,50 @@ PROFILE_COLOURS = {
 }
 
 
+def administered_groups(scopes) -> set[str]:
+    """The groups these scopes name as administered (`custom:meterhub:group-admin!group=X`)."""
+    prefix = f"{GROUP_ADMIN_SCOPE}!group="
+    return {scope[len(prefix) :] for scope in scopes or () if scope.startswith(prefix)}
+
+
 def when(epoch: int | None) -> str:
     if epoch is None:
         return ""
     return datetime.fromtimestamp(epoch, UTC).strftime("%Y-%m-%d %H:%M UTC")
 
 
-def plot_svg(costs: list[dict], now: int, currency: str, days: int = PLOT_DAYS) -> str:
-    """A stacked bar per day, coloured by profile; plain SVG, no JavaScript."""
+#: member colours on a group's plot: a fixed palette, taken in order of the members' names
+MEMBER_PALETTE = (
+    "#1864ab",
+    "#c2255c",
+    "#2b8a3e",
+    "#e67700",
+    "#5f3dc4",
+    "#0b7285",
+    "#a61e4d",
+    "#5c940d",
+    "#862e9c",
+    "#d9480f",
+)
+
+
+def member_colours(members) -> dict[str, str]:
+    """A colour per member from MEMBER_PALETTE, in order of their names (it repeats after
+    ten members)."""
+    return {name: MEMBER_PALETTE[i % len(MEMBER_PALETTE)] for i, name in enumerate(sorted(members))}
+
+
+def plot_svg(
+    costs: list[dict],
+    now: int,
+    currency: str,
+    days: int = PLOT_DAYS,
+    by: str = "profile",
+    colours: dict[str, str] | None = None,
+) -> str:
+    """A stacked bar per day, coloured by `by` (each cost's "profile", or "member" with
+    `colours` from member_colours); plain SVG, no JavaScript."""
+    colours = PROFILE_COLOURS if colours is None else colours
     width, height, left, bottom = 640, 180, 48, 22
     bar = (width - left) / days
     per_day: dict[int, int] = {}
@@ -51,7 +87,7 @@ def plot_svg(costs: list[dict], now: int, currency: str, days: int = PLOT_DAYS) 
     scale = (height - bottom - 8) / top
     parts = [
         f'<svg class="meterhub-plot" viewBox="0 0 {width} {height}" role="img"'
-        f' aria-label="Spending of the last {days} days by profile"'
+        f' aria-label="Spending of the last {days} days by {html.escape(by)}"'
         ' xmlns="http://www.w3.org/2000/svg">',
         f'<line x1="{left}" y1="{height - bottom}" x2="{width}" y2="{height - bottom}"'
         ' stroke="currentColor" stroke-opacity="0.4"/>',
@@ -63,11 +99,11 @@ def plot_svg(costs: list[dict], now: int, currency: str, days: int = PLOT_DAYS) 
         h = c["micros"] * scale
         y = height - bottom - stacked.get(c["day"], 0) - h
         stacked[c["day"]] = stacked.get(c["day"], 0) + h
-        colour = PROFILE_COLOURS.get(c["profile"], "#666")
+        colour = colours.get(c[by], "#666")
         parts.append(
             f'<rect x="{left + c["day"] * bar + 1:.1f}" y="{y:.1f}" width="{bar - 2:.1f}"'
-            f' height="{h:.1f}" fill="{colour}"><title>{c["profile"]}:'
-            f" {format_money(c['micros'], currency)}</title></rect>"
+            f' height="{h:.1f}" fill="{colour}"><title>{html.escape(c[by])}:'
+            f" {html.escape(format_money(c['micros'], currency))}</title></rect>"
         )
     first = now // DAY - days + 1
     for day, anchor in ((0, "start"), (days // 2, "middle"), (days - 1, "end")):
@@ -144,6 +180,8 @@ class WalletPage(MeterhubPage):
         now = int(time.time())
         capacity = await self.capacity()
         scopes = self.expanded_scopes
+        # the hub's ORM on the event loop's thread; the ledger in a thread
+        groups = {g.name for g in self.current_user.groups} | administered_groups(scopes)
 
         def read():
             ledger.ensure_user(user)
@@ -165,6 +203,7 @@ class WalletPage(MeterhubPage):
                 "offers": actions.pass_offers(catalog, capacity),
                 "may_spend": may_spend(scopes),
                 "notifications": ledger.notifications(user)[-10:],
+                "groups": ledger.known_groups(groups),
                 "plot": plot_svg(ledger.daily_costs(user, now, PLOT_DAYS), now, ledger.currency),
                 "now": now,
                 "purchase_key": str(uuid.uuid4()),

@@ -112,16 +112,21 @@ API = {
 }
 
 #: hub pages take a browser session (cookie + XSRF), never a token: a token there is anonymous
-P = ("anonymous", "user_cookie", "admin_cookie", "user", "admin", "kernel")
+P = ("anonymous", "user_cookie", "admin_cookie", "pi_cookie", "user", "admin", "kernel")
 
 
-def page_row(anonymous, user_cookie, admin_cookie) -> dict:
+def page_row(anonymous, user_cookie, admin_cookie, pi_cookie=None) -> dict:
+    """Expected statuses; to amy's own pages the PI is just another signed-in user."""
+    pi_cookie = user_cookie if pi_cookie is None else pi_cookie
     tokens = {"user": anonymous, "admin": anonymous, "kernel": anonymous}
-    return dict(zip(P[:3], (anonymous, user_cookie, admin_cookie), strict=True)) | tokens
+    cookies = (anonymous, user_cookie, admin_cookie, pi_cookie)
+    return dict(zip(P[:4], cookies, strict=True)) | tokens
 
 
 OWN_PAGE = page_row(302, 200, 200)
 ADMIN_PAGE = page_row(302, 403, 200)
+#: the group lab's page: its member amy, its admin pia and the hub admin
+GROUP_PAGE = page_row(302, 200, 200, 200)
 
 #: (method, hub page) -> (form, expected status per actor); each acts as its own user
 PAGES = {
@@ -136,6 +141,21 @@ PAGES = {
         {"user": USER, "amount": "0.01", "note": "matrix"},
         page_row(403, 403, 200),
     ),
+    ("GET", "/groups/([^/]+)"): (None, GROUP_PAGE),
+    ("GET", "/groups/([^/]+)/caps"): (None, GROUP_PAGE),
+    ("GET", "/groups/([^/]+)/stop"): (None, GROUP_PAGE),
+    # a member may not set caps or stop servers; the group's admin and the hub admin may
+    ("POST", "/groups/([^/]+)/caps"): (
+        {"user": USER, "amount": "1.00", "period": "month"},
+        page_row(403, 403, 200, 200),
+    ),
+    # a server amy does not have (stopping her real one would end the kernel's rows): the
+    # admins get past every gate to the 404
+    ("POST", "/groups/([^/]+)/stop"): (
+        {"user": USER, "server": "none-such"},
+        page_row(403, 403, 404, 404),
+    ),
+    ("GET", "/groups/([^/]+)/statement.csv"): (None, page_row(302, 403, 200, 200)),
 }
 
 METHODS = ("get", "post", "put", "patch", "delete")
@@ -269,7 +289,11 @@ def page_status(hub, actor: str, method: str, path: str, form: dict | None) -> i
     """What the page answers this actor: a signed-in browser session (with the form's
     XSRF token) or a bare request with the actor's token."""
     if actor.endswith("_cookie"):
-        who = ("admin", admin_password(hub)) if actor == "admin_cookie" else (USER, PASSWORD)
+        who = {
+            "admin_cookie": ("admin", admin_password(hub)),
+            "pi_cookie": (PI, PASSWORD),
+            "user_cookie": (USER, PASSWORD),
+        }[actor]
         session, headers = session_of(hub, *who), {}
         data = form and {**form, "_xsrf": xsrf(session)}
     else:
@@ -278,7 +302,7 @@ def page_status(hub, actor: str, method: str, path: str, form: dict | None) -> i
         data = {**data, "key": str(uuid.uuid4())}
     r = session.request(
         method,
-        f"{hub.url}/hub{path}",
+        f"{hub.url}/hub{path.replace('([^/]+)', GROUP)}",
         headers=headers,
         data=data,
         allow_redirects=False,

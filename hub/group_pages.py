@@ -1,0 +1,244 @@
+"""The group page: a research group's wallet for its members and its admins (PIs).
+
+Members see the balance, the runway, each member's spend against their cap, a 30-day plot by
+member and what runs on the group's money. Group admins also set caps, stop members' servers
+and download monthly statements, with the scopes JupyterHub gives them for the group, never
+a hub admin's. Membership is the hub's own (its ORM); the money is the ledger's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from datetime import UTC, datetime
+
+from tornado import web
+
+from meterhub.billing_hooks import actions
+from meterhub.billing_hooks.groups import month_bounds as statement_month
+from meterhub.billing_hooks.groups import runway_phrase
+from meterhub.billing_hooks.money import accrued, format_money
+from meterhub.billing_hooks.orm import CAP_PERIODS
+from meterhub.billing_hooks.scopes import administers, may_stop_in
+
+from .group_sync import find_group
+from .pages import PLOT_DAYS, MeterhubPage, member_colours, plot_svg, when
+
+#: statements offered on the page: the months of the last year that have sessions
+STATEMENT_MONTHS = 12
+
+
+def month_bounds(text: str) -> tuple[int, int]:
+    """[start, end) of the UTC month written YYYY-MM; HTTP 400 otherwise."""
+    try:
+        return statement_month(text)
+    except ValueError:
+        raise web.HTTPError(400, "month: YYYY-MM, e.g. 2026-03, or all") from None
+
+
+def recent_months(now: int, count: int = STATEMENT_MONTHS) -> list[str]:
+    """YYYY-MM of this month and the `count - 1` before it, newest first."""
+    today = datetime.fromtimestamp(now, UTC)
+    months = []
+    for back in range(count):
+        index = today.year * 12 + today.month - 1 - back
+        months.append(f"{index // 12:04d}-{index % 12 + 1:02d}")
+    return months
+
+
+def statement_months(ledger, group: str, now: int) -> list[str]:
+    """The months of the last year in which the group's wallet paid for a session (blocking:
+    one small query a month)."""
+    return [
+        month
+        for month in recent_months(now)
+        if ledger.group_sessions(group, *month_bounds(month), limit=1)
+    ]
+
+
+class GroupPage(MeterhubPage):
+    """GET /hub/groups/NAME: the group's members and admins; everyone else 403."""
+
+    template = "group.html"
+
+    #: set by authorize_group: the group's name (lower case), the hub's members, and
+    #: whether the request's scopes administer it
+    group = ""
+    members: tuple[str, ...] = ()
+    administered = False
+
+    async def authorize_group(self, group: str, admin_only: bool = False) -> None:
+        """Decide from the request's scopes and the hub's groups; a group the caller may
+        see but that has no wallet (or no hub group) is a 404."""
+        name = group.casefold()
+        admin = administers(self.expanded_scopes, name)
+        member = name in {g.name.casefold() for g in self.current_user.groups}
+        if not (admin or member):
+            raise web.HTTPError(403, "Only the group's members and admins can see its page")
+        if admin_only and not admin:
+            raise web.HTTPError(
+                403,
+                "This needs the group's admin (custom:meterhub:group-admin!group=%s)",
+                name[:64],
+            )
+        ledger = await self.billing.ledger_async()
+        settings = await asyncio.to_thread(ledger.group, name)
+        hub_group = find_group(self.db, name)  # the hub's session: on the event loop's thread
+        if settings is None or hub_group is None:
+            raise web.HTTPError(404, "No group %s with a wallet", name[:64])
+        self.group = settings.name
+        self.members = tuple(sorted(user.name for user in hub_group.users))
+        self.administered = admin
+
+    async def page_data(self) -> dict:
+        ledger = await self.billing.ledger_async()
+        now = int(time.time())
+        name, members, admin = self.group, self.members, self.administered
+        may_stop = admin and may_stop_in(self.expanded_scopes, name)
+
+        def read():
+            view = ledger.group_view(name, members, now)
+            daily = ledger.group_daily_costs(name, now, PLOT_DAYS)
+            colours = member_colours({m.user for m in view.members} | {c["member"] for c in daily})
+            running = []
+            for session, cost in view.running:
+                since = 0
+                if session.ready_at is not None and session.metered_through is not None:
+                    since = max(0, now - session.metered_through)
+                label = session.profile
+                if session.gpus:
+                    label += f" × {session.gpus}"
+                running.append(
+                    {
+                        "member": session.user_name,
+                        "server": session.server_name,
+                        "profile": label,
+                        "since": when(session.ready_at or session.started_at),
+                        "rate": self.money(session.rate_micros_per_hour),
+                        "cost": self.money(cost + accrued(session.rate_micros_per_hour, since)),
+                    }
+                )
+            return {
+                "view": view,
+                "runway": runway_phrase(view.runway_seconds),
+                "members": set(members),
+                "running": running,
+                "plot": plot_svg(daily, now, ledger.currency, by="member", colours=colours),
+                "legend": [(m, colours[m]) for m in sorted({c["member"] for c in daily})],
+                "administered": admin,
+                "may_stop": may_stop,
+                "cap_periods": CAP_PERIODS,
+                # what the cap forms show: the amount as typed, without the currency
+                "cap_amounts": {
+                    m.user: format_money(m.cap_micros, ledger.currency, symbol=False).split()[0]
+                    for m in view.members
+                    if m.cap_micros is not None
+                },
+                "months": statement_months(ledger, name, now) if admin else [],
+            }
+
+        return await asyncio.to_thread(read)
+
+    @web.authenticated
+    async def get(self, group):
+        await self.authorize_group(group)
+        await self.show()
+
+
+class GroupCapPage(GroupPage):
+    """POST /hub/groups/NAME/caps: a group admin sets (or removes) a member's cap."""
+
+    @web.authenticated
+    async def post(self, group):
+        await self.authorize_group(group, admin_only=True)
+        user = self.get_body_argument("user", "").strip()
+        if user not in self.members:
+            await self.show(error=f"{user[:64]!r} is not a member of {self.group}.", status=404)
+            return
+        amount = self.get_body_argument("amount", "").strip()
+        period = self.get_body_argument("period", "month")
+        if not amount:
+            await self.show(error="Enter an amount, or none to remove the cap.", status=400)
+            return
+        ledger = await self.billing.ledger_async()
+        try:
+            cap = await asyncio.to_thread(
+                actions.set_cap,
+                ledger,
+                self.group,
+                user,
+                "none" if amount.casefold() == "none" else amount,
+                period,
+                self.current_user.name,
+            )
+        except actions.ActionError as e:
+            await self.show(error=e.message, status=e.status)
+            return
+        if cap is None:
+            await self.show(message=f"{user} has no cap on {self.group} now.")
+            return
+        per = "in total" if cap.period == "total" else f"a {cap.period}"
+        await self.show(
+            message=f"{user} may spend {self.money(cap.amount_micros)} {per} from {self.group}."
+        )
+
+
+class GroupStopPage(GroupPage):
+    """POST /hub/groups/NAME/stop: a group admin stops a member's server. Stops only: the
+    hub's own stop, as its API's DELETE /users/{name}/server does it."""
+
+    @web.authenticated
+    async def post(self, group):
+        await self.authorize_group(group, admin_only=True)
+        if not may_stop_in(self.expanded_scopes, self.group):
+            raise web.HTTPError(
+                403, "Stopping members' servers needs delete:servers!group=%s", self.group
+            )
+        name = self.get_body_argument("user", "").strip()
+        server_name = self.get_body_argument("server", "")
+        if name not in self.members:
+            await self.show(error=f"{name[:64]!r} is not a member of {self.group}.", status=404)
+            return
+        user = self.find_user(name)
+        label = f"{name}'s server" + (f" {server_name!r}" if server_name else "")
+        if user is None or server_name not in user.orm_spawners:
+            await self.show(error=f"{label} is not running.", status=404)
+            return
+        spawner = user.spawners[server_name]
+        if spawner.pending == "stop":
+            await self.show(message=f"{label} is stopping already.")
+            return
+        if spawner.pending:
+            await self.show(error=f"{label} is {spawner.pending}ing; try again.", status=409)
+            return
+        if not spawner.ready or await spawner.poll_and_notify() is not None:
+            await self.show(error=f"{label} is not running.", status=404)
+            return
+        self.log.info("%s stops %s (group %s)", self.current_user.name, label, self.group)
+        await self.stop_single_user(user, server_name)
+        if spawner._stop_pending:
+            await self.show(message=f"{label} is stopping (slowly); its files are kept.")
+        else:
+            await self.show(message=f"Stopped {label}; its files are kept.")
+
+
+class GroupStatement(GroupPage):
+    """GET /hub/groups/NAME/statement.csv?month=YYYY-MM (or all): the group's admins."""
+
+    @web.authenticated
+    async def get(self, group):
+        await self.authorize_group(group, admin_only=True)
+        month = self.get_argument("month", "all")
+        since, until = (None, None) if month == "all" else month_bounds(month)
+        ledger = await self.billing.ledger_async()
+        try:
+            text = await asyncio.to_thread(
+                actions.group_usage_csv, ledger, self.group, since, until
+            )
+        except actions.ActionError as e:
+            raise web.HTTPError(e.status, "%s", e.message) from None
+        self.set_header("Content-Type", "text/csv; charset=utf-8")
+        self.set_header(
+            "Content-Disposition", f'attachment; filename="meterhub-{self.group}-{month}.csv"'
+        )
+        self.finish(text)
