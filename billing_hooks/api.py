@@ -46,7 +46,7 @@ from .money import (
 from .orm import Entry, MeteredSession
 from .scopes import administers, is_billing_admin, may_spend
 from .settings import priced_catalog
-from .wallets import GROUP_NAME
+from .wallets import GROUP_NAME, fold
 
 MAX_PAGE = 500
 MAX_BODY = 64 * 1024
@@ -320,9 +320,9 @@ class BillingHandler(HubOAuthenticated, web.RequestHandler):
         a wallet, or that the hub does not have, is a 404 once the caller may know.
         """
         rule = self.access[self.request.method]
-        name = group.casefold()
+        name = fold(group)
         admin = GROUP_NAME.match(name) is not None and administers(self.scopes, name)
-        mine = {g.casefold() for g in (self.current_user or {}).get("groups") or ()}
+        mine = {fold(g) for g in (self.current_user or {}).get("groups") or ()}
         if rule == GROUP_ADMIN and not admin:
             raise web.HTTPError(
                 403,

@@ -27,7 +27,7 @@ from .orm import (
     Wallet,
 )
 from .postings import LedgerError, UnknownWallet, group_settings, member_spent
-from .wallets import GROUP_NAME, GROUP_RULE, period_start
+from .wallets import GROUP_NAME, GROUP_RULE, fold, period_start
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
@@ -101,7 +101,7 @@ class CapState:
 
 
 def check_group_name(name: str) -> str:
-    folded = name.casefold()
+    folded = fold(name)
     if not GROUP_NAME.match(folded):
         raise LedgerError(f"invalid group name {name[:64]!r}: {GROUP_RULE}")
     return folded
@@ -157,14 +157,14 @@ class Groups:
 
     def group(self, name: str) -> GroupSettings | None:
         with self.begin() as db:
-            return group_settings(db, name.casefold())
+            return group_settings(db, fold(name))
 
     def groups(self) -> list[GroupSettings]:
         with self.begin() as db:
             return list(db.scalars(select(GroupSettings).order_by(GroupSettings.name)))
 
     def _require(self, db: Session, name: str) -> GroupSettings:
-        settings = group_settings(db, name.casefold())
+        settings = group_settings(db, fold(name))
         if settings is None:
             raise UnknownWallet(f"There is no group {name[:64]!r} with a wallet")
         return settings
@@ -213,7 +213,7 @@ class Groups:
 
     def default_group_wallets(self, groups: Iterable[str]) -> list[str]:
         """Of `groups` (a user's), those whose members pay from the group by default."""
-        names = sorted({g.casefold() for g in groups})
+        names = sorted({fold(g) for g in groups})
         if not names:
             return []
         with self.begin() as db:
@@ -230,7 +230,7 @@ class Groups:
 
     def known_groups(self, groups: Iterable[str]) -> list[str]:
         """Of `groups` (a user's JupyterHub groups), those with a wallet, lower case."""
-        names = sorted({g.casefold() for g in groups})
+        names = sorted({fold(g) for g in groups})
         if not names:
             return []
         with self.begin() as db:

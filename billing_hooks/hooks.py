@@ -25,7 +25,7 @@ from meterhub.spawner.catalog import InvalidChoice
 from .ledger import InsufficientCredit, UnknownWallet
 from .money import to_micros
 from .settings import BillingSettings, priced_catalog
-from .wallets import WalletRef, WalletRefError, parse_wallet
+from .wallets import WalletRef, WalletRefError, fold, parse_wallet
 
 BILLING_DOWN = (
     "Billing is unavailable right now (its database does not answer), so no new server can"
@@ -82,7 +82,7 @@ async def authorize_spawn(spawner) -> None:
 
 def member_groups(user) -> set[str]:
     """The JupyterHub groups of a hub user, lower case (group names compare so)."""
-    return {group.name.casefold() for group in getattr(user, "groups", None) or ()}
+    return {fold(group.name) for group in getattr(user, "groups", None) or ()}
 
 
 async def paying_wallet(spawner, ledger) -> WalletRef | None:

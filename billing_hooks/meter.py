@@ -29,7 +29,7 @@ from .clock import utcnow
 from .groups import RUNWAY_DAYS, CapState, runway_phrase
 from .ledger import Ledger
 from .money import SECONDS_PER_HOUR, format_duration, format_money, seconds_covered
-from .wallets import period_phrase
+from .wallets import fold, period_phrase
 
 log = logging.getLogger("meterhub.meter")
 
@@ -148,7 +148,7 @@ class HubClient:
             )
             page = json.loads(response.body)
             for group in page["items"]:
-                if group["name"].casefold() == name.casefold():
+                if fold(group["name"]) == fold(name):
                     return list(group.get("users") or [])
             following = (page.get("_pagination") or {}).get("next")
             if not following:

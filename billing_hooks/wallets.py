@@ -50,12 +50,19 @@ def parse_wallet(text: object) -> WalletRef:
             f"unknown wallet kind {kind[:20]!r}: a wallet is 'user:NAME' or 'group:NAME'"
         )
     if kind == "group":
-        name = name.casefold()
+        name = fold(name)
         if not GROUP_NAME.match(name):
             raise WalletRefError(f"invalid group name {name[:64]!r}: {GROUP_RULE}")
     elif not USER_NAME.match(name):
         raise WalletRefError(f"invalid user name {name[:64]!r}")
     return WalletRef(kind, name)
+
+
+def fold(name: str) -> str:
+    """A group name as it compares: ASCII letters lower-cased; any other name is kept as it
+    is, so it never equals a wallet's name (ASCII, see GROUP_NAME). `str.casefold` would
+    fold the Kelvin sign "\u212a" to "k": a group named with it would pay from "k…"."""
+    return name.lower() if name.isascii() else name
 
 
 def as_ref(owner: str | WalletRef) -> WalletRef:

@@ -20,6 +20,7 @@ from meterhub.billing_hooks.groups import runway_phrase
 from meterhub.billing_hooks.money import accrued, format_money
 from meterhub.billing_hooks.orm import CAP_PERIODS
 from meterhub.billing_hooks.scopes import administers, may_stop_in
+from meterhub.billing_hooks.wallets import fold
 
 from .group_sync import find_group
 from .pages import PLOT_DAYS, MeterhubPage, member_colours, plot_svg, when
@@ -70,9 +71,9 @@ class GroupPage(MeterhubPage):
     async def authorize_group(self, group: str, admin_only: bool = False) -> None:
         """Decide from the request's scopes and the hub's groups; a group the caller may
         see but that has no wallet (or no hub group) is a 404."""
-        name = group.casefold()
+        name = fold(group)
         admin = administers(self.expanded_scopes, name)
-        member = name in {g.name.casefold() for g in self.current_user.groups}
+        member = name in {fold(g.name) for g in self.current_user.groups}
         if not (admin or member):
             raise web.HTTPError(403, "Only the group's members and admins can see its page")
         if admin_only and not admin:

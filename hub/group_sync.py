@@ -16,6 +16,7 @@ from jupyterhub import orm, roles
 from sqlalchemy import func
 
 from meterhub.billing_hooks.scopes import GROUP_ADMIN_ROLE_PREFIX, group_admin_role
+from meterhub.billing_hooks.wallets import fold
 
 log = logging.getLogger("meterhub.groups")
 
@@ -31,7 +32,12 @@ def find_group(db, name: str) -> orm.Group | None:
     exact = orm.Group.find(db, name)
     if exact is not None:
         return exact
-    return db.query(orm.Group).filter(func.lower(orm.Group.name) == name.casefold()).first()
+    # lower() in SQL may fold more than ASCII (PostgreSQL): compare again as wallets do
+    wanted = fold(name)
+    for group in db.query(orm.Group).filter(func.lower(orm.Group.name) == wanted):
+        if fold(group.name) == wanted:
+            return group
+    return None
 
 
 def apply_change(db, change) -> str:

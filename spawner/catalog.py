@@ -434,7 +434,7 @@ class Catalog(LoggingConfigurable):
     @staticmethod
     def _in_any(allowed, groups) -> bool:
         """Whether one of `groups` is one of `allowed`, whatever the letter case."""
-        return not {g.casefold() for g in allowed}.isdisjoint(g.casefold() for g in groups)
+        return not {_fold(g) for g in allowed}.isdisjoint(_fold(g) for g in groups)
 
     def refusal(self, choice: Choice, groups: set[str] | frozenset[str]) -> str:
         """Why a member of `groups` may not start `choice`, or "" when allowed."""
@@ -543,3 +543,9 @@ class Catalog(LoggingConfigurable):
                 f"'gpus' must be one of {', '.join(map(str, profile.counts))}, got {raw_gpus!r}"
             )
         return Choice(profile, gpus)
+
+
+def _fold(name: str) -> str:
+    """A group name as it compares: ASCII letters lower-cased, any other name as it is
+    (`str.casefold` folds the Kelvin sign to "k"; the billing side folds the same way)."""
+    return name.lower() if name.isascii() else name
