@@ -92,6 +92,26 @@ class GroupView:
 
 
 @dataclass(frozen=True)
+class AlertFacts:
+    """A group wallet as budget alerts see it."""
+
+    wallet_id: int
+    name: str
+    balance_micros: int
+    burn_micros: int
+    admins: list[str]
+    webhook_url: str | None
+    #: the latest entry that added credit: an alert is sent once per top-up
+    last_credit_entry: int
+
+    @property
+    def runway_seconds(self) -> int | None:
+        if self.burn_micros <= 0:
+            return None
+        return max(0, self.balance_micros) * RUNWAY_DAYS * DAY // self.burn_micros
+
+
+@dataclass(frozen=True)
 class CapState:
     wallet_id: int
     user: str
@@ -275,22 +295,92 @@ class Groups:
             return existing
 
     def cap_states(self, wallet_ids: Iterable[int], now: int | None = None) -> list[CapState]:
-        """Every cap on these wallets with what its member spent in its period (the meter)."""
+        """Every cap on these wallets with what its member spent in its period (the meter):
+        one query for the caps and one per kind of period, however many members."""
         now = self.clock() if now is None else now
         ids = list(wallet_ids)
         if not ids:
             return []
         with self.begin() as db:
             caps = list(db.scalars(select(MemberCap).where(MemberCap.wallet_id.in_(ids))))
+            spent: dict[tuple[str, int, str], int] = {}
+            for period in {cap.period for cap in caps}:
+                rows = db.execute(
+                    select(Entry.wallet_id, MeteredSession.user_name, func.sum(Entry.amount_micros))
+                    .join(MeteredSession, MeteredSession.id == Entry.session_id)
+                    .where(
+                        Entry.wallet_id.in_({c.wallet_id for c in caps if c.period == period}),
+                        Entry.kind.in_(("charge", "refund")),
+                        Entry.created_at >= period_start(period, now),
+                    )
+                    .group_by(Entry.wallet_id, MeteredSession.user_name)
+                )
+                for wallet_id, user, total in rows:
+                    spent[(period, wallet_id, user)] = -int(total or 0)
             return [
                 CapState(
                     cap.wallet_id,
                     cap.user_name,
                     cap.amount_micros,
                     cap.period,
-                    member_spent(db, cap.wallet_id, cap.user_name, period_start(cap.period, now)),
+                    spent.get((cap.period, cap.wallet_id, cap.user_name), 0),
                 )
                 for cap in caps
+            ]
+
+    def alert_facts(self, wallet_ids: Iterable[int], now: int | None = None) -> list[AlertFacts]:
+        """What budget alerts need of these group wallets, in four queries (the meter)."""
+        now = self.clock() if now is None else now
+        ids = list(wallet_ids)
+        if not ids:
+            return []
+        with self.begin() as db:
+            wallets = db.execute(
+                select(Wallet.id, Wallet.owner_name, Wallet.balance_micros).where(
+                    Wallet.id.in_(ids), Wallet.owner_kind == "group"
+                )
+            ).all()
+            names = [name for _id, name, _b in wallets]
+            settings = {
+                g.name: g
+                for g in db.scalars(select(GroupSettings).where(GroupSettings.name.in_(names)))
+            }
+            admins: dict[str, list[str]] = {}
+            for group, user in db.execute(
+                select(GroupAdmin.group_name, GroupAdmin.user_name)
+                .where(GroupAdmin.group_name.in_(names))
+                .order_by(GroupAdmin.user_name)
+            ):
+                admins.setdefault(group, []).append(user)
+            burns = dict(
+                db.execute(
+                    select(Entry.wallet_id, func.sum(Entry.amount_micros))
+                    .where(
+                        Entry.wallet_id.in_(ids),
+                        Entry.kind.in_(("charge", "refund")),
+                        Entry.created_at >= now - RUNWAY_DAYS * DAY,
+                    )
+                    .group_by(Entry.wallet_id)
+                ).all()
+            )
+            credits = dict(
+                db.execute(
+                    select(Entry.wallet_id, func.max(Entry.id))
+                    .where(Entry.wallet_id.in_(ids), Entry.amount_micros > 0)
+                    .group_by(Entry.wallet_id)
+                ).all()
+            )
+            return [
+                AlertFacts(
+                    wallet_id=wid,
+                    name=name,
+                    balance_micros=balance,
+                    burn_micros=-int(burns.get(wid) or 0),
+                    admins=admins.get(name, []),
+                    webhook_url=settings[name].webhook_url if name in settings else None,
+                    last_credit_entry=int(credits.get(wid) or 0),
+                )
+                for wid, name, balance in wallets
             ]
 
     # ------------------------------------------------------------------ what is shown
@@ -493,6 +583,7 @@ def _session_costs(db: Session, ids: list[int]) -> dict[int, int]:
     for session_id, amount in db.execute(
         select(Entry.session_id, Entry.amount_micros).where(Entry.session_id.in_(ids))
     ):
+        assert session_id is not None  # selected by session id
         costs[session_id] = costs.get(session_id, 0) - amount
     return costs
 

@@ -26,7 +26,7 @@ from urllib.parse import quote
 from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
 
 from .clock import utcnow
-from .groups import RUNWAY_DAYS, CapState, runway_phrase
+from .groups import RUNWAY_DAYS, AlertFacts, CapState, runway_phrase
 from .ledger import Ledger
 from .money import SECONDS_PER_HOUR, format_duration, format_money, seconds_covered
 from .wallets import fold, period_phrase
@@ -376,14 +376,14 @@ class Meter:
         result.charged = len(ready)
         groups = [wid for wid, view in views.items() if view.kind == "group"]
         caps: dict[int, list[CapState]] = {}
-        for state in self.ledger.cap_states(groups, now) if groups else ():
+        for state in self.ledger.cap_states(groups, now):
             caps.setdefault(state.wallet_id, []).append(state)
         for wid, view in views.items():
             self._check_credit(view, result)
             if wid in caps:
                 self._check_caps(view, caps[wid], result)
-            if view.kind == "group":
-                self._group_alerts(wid, view, now, result)
+        for facts in self.ledger.alert_facts(groups, now):
+            self._group_alerts(facts, result)
         return result
 
     async def _post_webhook(self, url: str, body: dict) -> None:
@@ -441,18 +441,18 @@ class Meter:
                         ):
                             result.notified.append(key)
 
-    def _group_alerts(self, wid: int, view, now: int, result: PassResult) -> None:
+    def _group_alerts(self, group: AlertFacts, result: PassResult) -> None:
         """Tell a group's admins (and its webhook) when its balance falls under a threshold
         or its runway under `alert_runway_days`: once each until the next top-up."""
-        group = self.ledger.group_view(view.user, (), now)
         if not group.admins and not group.webhook_url:
             return
         currency = self.ledger.currency
         balance = group.balance_micros
         runway = group.runway_seconds
-        armed = self.ledger.last_credit_entry(wid)
+        armed = group.last_credit_entry
+        spend = f" {runway_phrase(runway)} at the last {RUNWAY_DAYS} days' spend."
         alerts = []
-        for threshold in self.alert_balances_micros:
+        for threshold in reversed(self.alert_balances_micros):  # the lowest first
             if balance < threshold or (threshold == 0 and balance <= 0):
                 alerts.append(
                     (
@@ -460,11 +460,7 @@ class Meter:
                         "balance",
                         f"The {group.name} group's balance is {format_money(balance, currency)},"
                         f" under {format_money(threshold, currency)}."
-                        + (
-                            f" {runway_phrase(runway)} at the last {RUNWAY_DAYS} days' spend."
-                            if runway is not None
-                            else ""
-                        ),
+                        + (spend if runway is not None else ""),
                     )
                 )
                 break  # the lowest threshold crossed says it all
@@ -474,30 +470,25 @@ class Meter:
                     "runway",
                     "runway",
                     f"The {group.name} group's credit ({format_money(balance, currency)}) lasts"
-                    f" {runway_phrase(runway)} at the last {RUNWAY_DAYS} days' spend.",
+                    + spend,
                 )
             )
         for tag, kind, message in alerts:
             for admin in group.admins:
-                if self.ledger.notify(
-                    admin, f"group-alert:{group.name}:{tag}:{armed}:{admin}", "group-alert", message
-                ):
+                key = f"group-alert:{group.name}:{tag}:{armed}:{admin}"
+                if self.ledger.notify(admin, key, "group-alert", message):
                     result.notified.append(f"group-alert:{group.name}:{tag}")
             marker = f"group-alert:{group.name}:{tag}:{armed}:webhook"
             # a notification of no user marks the webhook sent, once per alert and top-up
             if group.webhook_url and self.ledger.notify("", marker, "webhook", message):
-                result.webhooks.append(
-                    (
-                        group.webhook_url,
-                        {
-                            "group": group.name,
-                            "alert": kind,
-                            "message": message,
-                            "balance": format_money(balance, currency, symbol=False),
-                            "runway_seconds": runway,
-                        },
-                    )
-                )
+                body = {
+                    "group": group.name,
+                    "alert": kind,
+                    "message": message,
+                    "balance": format_money(balance, currency, symbol=False),
+                    "runway_seconds": runway,
+                }
+                result.webhooks.append((group.webhook_url, body))
 
     def _check_credit(self, view, result: PassResult) -> None:
         currency = self.ledger.currency

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple, cast
 
 from sqlalchemy import func, select, text, update
 from sqlalchemy.engine import Engine
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
 from .clock import utcnow
@@ -163,8 +164,13 @@ class Postings:
 
     def ensure_user(self, user: str) -> int:
         """The user's wallet, created with the trial credit exactly once; returns the balance."""
-        with self.begin() as db:
-            return self._ensure_wallet(db, user).balance_micros
+        try:
+            with self.begin() as db:
+                return self._ensure_wallet(db, user).balance_micros
+        except IntegrityError:
+            # a concurrent first transaction made it (with the trial, once): read it
+            with self.begin() as db:
+                return self._ensure_wallet(db, user).balance_micros
 
     def _replay(self, db: Session, key: str, digest: str) -> Entry | None:
         """The entry an idempotency key already wrote, if the request was the same; a key
@@ -340,10 +346,10 @@ class Postings:
         """
         now = self.clock()
         payer = as_ref(user if wallet is None else wallet)
-        if payer.is_group:
-            # the member's own wallet (and trial) exists; in a transaction of its own, so
-            # this one locks one wallet only (two would deadlock against the meter's batch)
-            self.ensure_user(user)
+        # the user's own wallet (and trial) exists, made in a transaction of its own: two
+        # first spawns at once may race to make it; and from a group, this one then locks
+        # one wallet only (two would deadlock against the meter's batch)
+        self.ensure_user(user)
         with self.begin() as db:
             account = self._ensure_wallet(db, payer)
             # a session left open for this server (the hub died mid-spawn) cannot be running
@@ -379,7 +385,8 @@ class Postings:
             needed = sum(accrued(rate, min_seconds) for rate in [*open_rates, new_rate])
             available = account.balance_micros + self.overdraft_micros
             minutes = min_seconds // 60
-            if available < needed:
+            # with no minimum minutes, an empty wallet still starts nothing it would pay for
+            if available < needed or (new_rate and available <= 0):
                 whose = f"The {payer.name} group's balance" if payer.is_group else "Your balance"
                 others = (
                     " with its running servers" if payer.is_group else " with your running servers"
@@ -411,7 +418,7 @@ class Postings:
                         if o.user_name == user
                     )
                     left = cap.amount_micros - spent
-                    if left < mine + accrued(new_rate, min_seconds):
+                    if left < mine + accrued(new_rate, min_seconds) or (new_rate and left <= 0):
                         raise CapReached(
                             f"Your {payer.name} cap {period_phrase(cap.period)} is"
                             f" {format_money(cap.amount_micros, self.currency)} and"

@@ -27,6 +27,8 @@ if TYPE_CHECKING:
     from sqlalchemy.engine import Row
     from sqlalchemy.orm import Session
 
+    from .wallets import WalletRef
+
 DAY = 86_400
 
 
@@ -50,7 +52,9 @@ class Queries:
 
         @contextmanager
         def begin(self) -> Iterator[Session]: ...
-        def _wallet(self, db: Session, user: str, lock: bool = False) -> Wallet | None: ...
+        def _wallet(
+            self, db: Session, owner: str | WalletRef, lock: bool = False
+        ) -> Wallet | None: ...
 
     def balance(self, user: str) -> int | None:
         with self.begin() as db:

@@ -12,6 +12,7 @@ import secrets
 import shutil
 import sys
 
+from jupyterhub import orm
 from jupyterhub.app import JupyterHub
 from sqlalchemy.exc import DBAPIError
 from tornado.ioloop import PeriodicCallback
@@ -62,6 +63,9 @@ class MeterHub(JupyterHub):
             self.log.warning("Group admins' roles not loaded, the ledger does not answer: %s", e)
             extra = []
         present = {role["name"] for role in self.load_roles}
+        for role in extra:
+            # JupyterHub would create an account a role names; an admin deleted since is not
+            role["users"] = [u for u in role["users"] if orm.User.find(self.db, u) is not None]
         self.load_roles = self.load_roles + [r for r in extra if r["name"] not in present]
         await super().init_role_creation()
 

@@ -222,7 +222,8 @@ def test_a_hub_with_a_certificate_answers_https(tmp_path, monkeypatch):
 
 def semester_ledger(url: str) -> tuple[Ledger, FakeClock]:
     """A ledger with one of everything: grants, charged sessions, a pass, an adjustment,
-    a refund, notifications and reconciliations."""
+    a refund, notifications, reconciliations and a group with a wallet, an admin, a cap and
+    a queued membership change."""
     clock = FakeClock()
     ledger = Ledger(connect(url), clock=clock)
     rate = to_micros("4.50")
@@ -244,6 +245,9 @@ def semester_ledger(url: str) -> tuple[Ledger, FakeClock]:
     ledger.notify("ann", "warn:1:30", "warning", "30 min left")
     ledger.reconciled("closed-vanished", "bo", "old", None, "closed at its last sight")
     ledger.set_price("a800", to_micros("4.00"), "cli:root")
+    ledger.create_group("lab", "cli:root", admins=["ann"])
+    ledger.grant("group:lab", 20 * MICROS, "grant:lab", "", "cli:root")
+    ledger.set_cap("lab", "bo", 5 * MICROS, "month", "ann")
     ledger.record_audit()
     return ledger, clock
 
@@ -275,7 +279,7 @@ def test_migrate_copies_the_ledger_to_postgresql_exactly(tmp_path, postgres):
     target_url = postgres.new_database()
     out = cli("billing", "migrate", "--to", target_url, "--config", str(config), cwd=tmp_path)
     assert out.returncode == 0, out.stderr
-    assert "audit and 2 balances identical" in out.stdout
+    assert "audit and 3 balances identical" in out.stdout
     assert "now set billing.db_url to" in out.stdout and "password" not in out.stdout
     moved = Ledger(connect(target_url), clock=clock)
     assert snapshot(moved, clock.now) == before
