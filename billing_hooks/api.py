@@ -86,7 +86,8 @@ def wallet_json(ledger: Ledger, user: str, warn_minutes: Sequence[int] = ()) -> 
     balance = ledger.balance(user)
     if balance is None:
         return None
-    running = ledger.sessions_with_cost(user, open_only=True)
+    # what the user's own credit pays for: a group's servers run on the group's
+    running = ledger.sessions_with_cost(user, open_only=True, own_wallet=True)
     rate = sum(s.rate_micros_per_hour for s, _cost in running)
     seconds = seconds_covered(balance + ledger.overdraft_micros, rate)
     currency = ledger.currency
@@ -202,6 +203,9 @@ class BillingHandler(HubOAuthenticated, web.RequestHandler):
 
     access: dict[str, str] = {}
     path: str = ""  # the route in openapi.yaml, for the request schema
+    #: ask the hub about the token on every request, GETs too (a cached answer would show
+    #: a group to someone removed from it, or a PI demoted, for minutes)
+    fresh_auth = False
 
     # ------------------------------------------------------------------ settings
 
@@ -251,7 +255,7 @@ class BillingHandler(HubOAuthenticated, web.RequestHandler):
             return  # a method without a rule is tornado's 405 (with Allow, see write_error)
         try:
             token = self.hub_auth.get_token(self, in_cookie=False)
-            if token and self.request.method != "GET":
+            if token and (self.request.method != "GET" or self.fresh_auth):
                 # money moves: ask the hub now (a cached answer would let a revoked token
                 # act for minutes)
                 model = await self.hub_auth.user_for_token(token, use_cache=False, sync=False)
@@ -322,7 +326,8 @@ class BillingHandler(HubOAuthenticated, web.RequestHandler):
         rule = self.access[self.request.method]
         name = fold(group)
         admin = GROUP_NAME.match(name) is not None and administers(self.scopes, name)
-        mine = {fold(g) for g in (self.current_user or {}).get("groups") or ()}
+        # exact, as the group admin's !group= filter is: a hub group "Lab" is not "lab"
+        mine = set((self.current_user or {}).get("groups") or ())
         if rule == GROUP_ADMIN and not admin:
             raise web.HTTPError(
                 403,
@@ -342,6 +347,10 @@ class BillingHandler(HubOAuthenticated, web.RequestHandler):
         members = await self.settings["group_members"](name) if settings is not None else None
         if settings is None or members is None:
             raise web.HTTPError(404, "No group %s with a wallet", name[:64])
+        if self.request.method == "PUT":
+            # a cap also binds whom the group still pays for (a member removed since)
+            view = await asyncio.to_thread(self.ledger.group_view, name, members)
+            members = sorted({*members, *(s.user_name for s, _cost in view.running)})
         return name, members
 
     def body(self) -> dict:
@@ -716,6 +725,7 @@ def group_json(view, currency: str, administered: bool) -> dict:
 
 
 class GroupHandler(BillingHandler):
+    fresh_auth = True
     access = {"GET": MEMBER}
 
     async def get(self, group):
@@ -777,6 +787,7 @@ class GroupCapHandler(BillingHandler):
 class GroupUsageHandler(BillingHandler):
     """The group's statement, as JSON or CSV, for its admins."""
 
+    fresh_auth = True
     access = {"GET": GROUP_ADMIN}
 
     async def get(self, group):

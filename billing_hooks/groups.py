@@ -40,14 +40,14 @@ DAY = 86_400
 RUNWAY_DAYS = 7
 #: pending hub changes applied in one go
 HUB_CHANGES_BATCH = 200
-MONTH = re.compile(r"^(\d{4})-(\d{2})\Z")
+MONTH = re.compile(r"^([0-9]{4})-([0-9]{2})\Z")
 
 
 def month_bounds(text: str) -> tuple[int, int]:
     """[start, end) (UTC epoch seconds) of the month written YYYY-MM: a statement's period.
     ValueError when it is not one."""
     match = MONTH.match(text)
-    if match is None or not 1 <= int(match[2]) <= 12 or int(match[1]) < 1970:
+    if match is None or not 1 <= int(match[2]) <= 12 or not 1970 <= int(match[1]) <= 9998:
         raise ValueError("month: YYYY-MM, e.g. 2026-03")
     year, month = int(match[1]), int(match[2])
     start = datetime(year, month, 1, tzinfo=UTC)

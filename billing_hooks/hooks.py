@@ -25,7 +25,7 @@ from meterhub.spawner.catalog import InvalidChoice
 from .ledger import InsufficientCredit, UnknownWallet
 from .money import to_micros
 from .settings import BillingSettings, priced_catalog
-from .wallets import WalletRef, WalletRefError, fold, parse_wallet
+from .wallets import WalletRef, WalletRefError, parse_wallet
 
 BILLING_DOWN = (
     "Billing is unavailable right now (its database does not answer), so no new server can"
@@ -81,8 +81,10 @@ async def authorize_spawn(spawner) -> None:
 
 
 def member_groups(user) -> set[str]:
-    """The JupyterHub groups of a hub user, lower case (group names compare so)."""
-    return {fold(group.name) for group in getattr(user, "groups", None) or ()}
+    """The JupyterHub groups of a hub user, by their exact names: a group wallet is paid from
+    by the members of the hub group of its (lower-case) name only, the group its admins'
+    `!group=` scopes name; a hub group "Lab" is another group."""
+    return {group.name for group in getattr(user, "groups", None) or ()}
 
 
 async def paying_wallet(spawner, ledger) -> WalletRef | None:

@@ -29,7 +29,7 @@ from .clock import utcnow
 from .groups import RUNWAY_DAYS, AlertFacts, CapState, runway_phrase
 from .ledger import Ledger
 from .money import SECONDS_PER_HOUR, format_duration, format_money, seconds_covered
-from .wallets import fold, period_phrase
+from .wallets import period_phrase
 
 log = logging.getLogger("meterhub.meter")
 
@@ -131,30 +131,17 @@ class HubClient:
         return await self._user(name) is not None
 
     async def group_members(self, name: str) -> list[str] | None:
-        """The members of a hub group, its name compared case-insensitively; None: no such
-        group (the billing service reads groups with `read:groups`)."""
+        """The members of the hub group of exactly this name; None: no such group (the
+        billing service reads groups with `read:groups`)."""
         try:
             response = await self.http.fetch(
                 self._request("GET", f"/groups/{quote(name, safe='')}")
             )
-            return list(json.loads(response.body).get("users") or [])
         except HTTPClientError as e:
-            if e.code != 404:
-                raise
-        offset = 0
-        for _ in range(MAX_PAGES):  # spelt otherwise in the hub ("Vision"): look it up
-            response = await self.http.fetch(
-                self._request("GET", f"/groups?limit={self.page_size}&offset={offset}")
-            )
-            page = json.loads(response.body)
-            for group in page["items"]:
-                if fold(group["name"]) == fold(name):
-                    return list(group.get("users") or [])
-            following = (page.get("_pagination") or {}).get("next")
-            if not following:
+            if e.code == 404:
                 return None
-            offset = following["offset"]
-        return None
+            raise
+        return list(json.loads(response.body).get("users") or [])
 
     async def stop_server(self, user: str, server_name: str) -> None:
         path = f"/users/{quote(user, safe='')}/server"

@@ -67,11 +67,16 @@ class Queries:
         limit: int | None = None,
         newest_first: bool = False,
         open_only: bool = False,
+        own_wallet: bool = False,
     ) -> list[tuple[MeteredSession, int]]:
         """A user's sessions with what each has cost so far (micros, net of refunds), in two
-        queries. A spawn that was refused or failed before it ever ran is not usage."""
+        queries. A spawn that was refused or failed before it ever ran is not usage. With
+        `own_wallet`, only those their own wallet pays for (not a group's)."""
         S = MeteredSession
         query = select(S).where(S.user_name == user)
+        if own_wallet:
+            own = select(Wallet.id).where(Wallet.owner_kind == "user", Wallet.owner_name == user)
+            query = query.where(S.wallet_id == own.scalar_subquery())
         if open_only:
             query = query.where(S.stopped_at.is_(None))
         else:

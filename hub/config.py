@@ -364,7 +364,7 @@ def apply_auth(site: dict, c: Config) -> Config:
             # the provider's groups become JupyterHub groups (also for profiles.allowed_groups
             # and group wallets), refreshed at each sign-in
             section.manage_groups = True
-            section.auth_state_groups_key = "oauth_user." + oauth.get("groups_claim", "groups")
+            section.auth_state_groups_key = ClaimGroups(oauth.get("groups_claim", "groups"))
         if groups:
             section.allowed_groups = groups
     if kind == "github" and auth.get("manage_groups"):
@@ -373,6 +373,26 @@ def apply_auth(site: dict, c: Config) -> Config:
         section.manage_groups = True
         section.auth_state_groups_key = github_team_groups
     return c
+
+
+class ClaimGroups:
+    """The provider's groups claim as hub group names, lower case: a group wallet is paid
+    from by the hub group of exactly its (lower-case) name."""
+
+    def __init__(self, claim: str):
+        self.claim = claim
+
+    def __call__(self, auth_state: dict) -> list[str]:
+        groups = (auth_state.get("oauth_user") or {}).get(self.claim) or []
+        if isinstance(groups, str):
+            groups = [groups]
+        return sorted({str(g).lower() for g in groups})
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, ClaimGroups) and other.claim == self.claim
+
+    def __repr__(self) -> str:
+        return f"ClaimGroups({self.claim!r})"
 
 
 def github_team_groups(auth_state: dict) -> list[str]:

@@ -113,6 +113,9 @@ def group_cap(args) -> int:
     ledger = settings.ledger()
     group = _group(ledger, args.name)
     require_user(c, args.user)
+    paid = {s.user_name for s, _cost in ledger.group_view(group.name, ()).running}
+    if args.user not in hub_members(c, group.name) and args.user not in paid:
+        raise CliError(f"{args.user} is not a member of {group.name}: add them first")
     amount = None if args.amount == "none" else args.amount
     try:
         cap = actions.set_cap(ledger, group.name, args.user, amount, args.period, cli_actor())

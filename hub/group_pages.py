@@ -73,7 +73,8 @@ class GroupPage(MeterhubPage):
         see but that has no wallet (or no hub group) is a 404."""
         name = fold(group)
         admin = administers(self.expanded_scopes, name)
-        member = name in {fold(g.name) for g in self.current_user.groups}
+        # membership is exact, as the PI's !group= filter is: a hub group "Lab" is not "lab"
+        member = name in {g.name for g in self.current_user.groups}
         if not (admin or member):
             raise web.HTTPError(403, "Only the group's members and admins can see its page")
         if admin_only and not admin:
@@ -90,6 +91,12 @@ class GroupPage(MeterhubPage):
         self.group = settings.name
         self.members = tuple(sorted(user.name for user in hub_group.users))
         self.administered = admin
+
+    async def paid_servers(self) -> set[tuple[str, str]]:
+        """(user, server) the group's wallet pays for now, members or not (any longer)."""
+        ledger = await self.billing.ledger_async()
+        view = await asyncio.to_thread(ledger.group_view, self.group, self.members)
+        return {(s.user_name, s.server_name) for s, _cost in view.running}
 
     async def page_data(self) -> dict:
         ledger = await self.billing.ledger_async()
@@ -153,7 +160,8 @@ class GroupCapPage(GroupPage):
     async def post(self, group):
         await self.authorize_group(group, admin_only=True)
         user = self.get_body_argument("user", "").strip()
-        if user not in self.members:
+        paying = {member for member, _server in await self.paid_servers()}
+        if user not in self.members and user not in paying:
             await self.show(error=f"{user[:64]!r} is not a member of {self.group}.", status=404)
             return
         amount = self.get_body_argument("amount", "").strip()
@@ -197,7 +205,8 @@ class GroupStopPage(GroupPage):
             )
         name = self.get_body_argument("user", "").strip()
         server_name = self.get_body_argument("server", "")
-        if name not in self.members:
+        # a member's server, or one the group still pays for (a member removed since)
+        if name not in self.members and (name, server_name) not in await self.paid_servers():
             await self.show(error=f"{name[:64]!r} is not a member of {self.group}.", status=404)
             return
         user = self.find_user(name)

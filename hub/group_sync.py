@@ -13,7 +13,6 @@ import asyncio
 import logging
 
 from jupyterhub import orm, roles
-from sqlalchemy import func
 
 from meterhub.billing_hooks.scopes import GROUP_ADMIN_ROLE_PREFIX, group_admin_role
 from meterhub.billing_hooks.wallets import fold
@@ -27,17 +26,9 @@ def group_admin_roles(ledger) -> list[dict]:
 
 
 def find_group(db, name: str) -> orm.Group | None:
-    """The hub's group of this name, compared case-insensitively (an identity provider may
-    spell it "Vision"; the ledger keeps "vision")."""
-    exact = orm.Group.find(db, name)
-    if exact is not None:
-        return exact
-    # lower() in SQL may fold more than ASCII (PostgreSQL): compare again as wallets do
-    wanted = fold(name)
-    for group in db.query(orm.Group).filter(func.lower(orm.Group.name) == wanted):
-        if fold(group.name) == wanted:
-            return group
-    return None
+    """The hub's group of a wallet: the one of exactly its (lower-case) name, the group its
+    admins' `!group=` scopes name (a hub group "Vision" is another group)."""
+    return orm.Group.find(db, fold(name))
 
 
 def apply_change(db, change) -> str:

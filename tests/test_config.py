@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from traitlets.config import Config
 
-from meterhub.hub.config import ConfigError, apply_config, load_site_config
+from meterhub.hub.config import ClaimGroups, ConfigError, apply_config, load_site_config
 
 
 def write(tmp_path, text) -> Path:
@@ -212,7 +212,7 @@ kubernetes:
                 "username_claim": "preferred_username",
                 "allowed_groups": {"gpu-users"},
                 "manage_groups": True,
-                "auth_state_groups_key": "oauth_user.groups",
+                "auth_state_groups_key": ClaimGroups("groups"),
             },
         ),
     ],
@@ -310,7 +310,7 @@ def test_the_schema_defaults_are_the_traits_defaults():
 
 
 def test_groups_from_the_identity_provider(tmp_path):
-    from meterhub.hub.config import github_team_groups
+    from meterhub.hub.config import ClaimGroups, github_team_groups
 
     github = "{type: github, manage_groups: true, oauth: {client_id: abc, allow_all: true}}"
     c = apply_config(load_site_config(write(tmp_path, f"auth: {github}")), Config())
@@ -325,7 +325,10 @@ def test_groups_from_the_identity_provider(tmp_path):
     )
     c = apply_config(load_site_config(write(tmp_path, f"auth: {oidc}")), Config())
     assert c.GenericOAuthenticator.manage_groups is True
-    assert c.GenericOAuthenticator.auth_state_groups_key == "oauth_user.roles"
+    key = c.GenericOAuthenticator.auth_state_groups_key
+    assert key == ClaimGroups("roles")
+    assert key({"oauth_user": {"roles": ["Vision", "lab-A", "vision"]}}) == ["lab-a", "vision"]
+    assert key({"oauth_user": {}}) == []
     assert "allowed_groups" not in c.GenericOAuthenticator  # membership, not who signs in
     with pytest.raises(ConfigError, match="auth.manage_groups: groups come from github"):
         load_site_config(write(tmp_path, "auth: {type: native, manage_groups: true}"))

@@ -82,7 +82,6 @@ def group_hub(hub_factory):
     meterhub(hub, "group", "create", GROUP, "--admin", "pia")
     meterhub(hub, "group", "add", GROUP, "amy")
     meterhub(hub, "credit", "grant", f"group:{GROUP}", "20")
-    meterhub(hub, "group", "cap", GROUP, "amy", "10")
 
     def synced() -> bool:
         r = hub.api("GET", f"/groups/{GROUP}")
@@ -94,6 +93,7 @@ def group_hub(hub_factory):
         )
 
     until(synced, "the hub to apply lab's membership and pia's role")
+    meterhub(hub, "group", "cap", GROUP, "amy", "10")  # a member now (caps are for members)
     # amy's debug server, paid by the group, charged at least once
     hub.spawn("amy", {"profile": "debug", "wallet": f"group:{GROUP}"})
     until(
@@ -236,3 +236,20 @@ def test_the_pi_cannot_stop_a_non_members_server_nor_a_member_set_caps(group_hub
         assert group_wallet(group_hub)["members"][0]["cap"] != "100.00"
     finally:
         group_hub.stop_server("ben")
+
+
+def test_the_pi_stops_what_the_group_pays_for_a_member_removed_since(group_hub, browser):
+    group_hub.spawn("amy", {"profile": "debug", "wallet": f"group:{GROUP}"})
+    meterhub(group_hub, "group", "remove", GROUP, "amy")
+    until(
+        lambda: group_hub.api("GET", f"/groups/{GROUP}").json()["users"] == [],
+        "the hub to apply the removal",
+    )
+    page = sign_in(browser, group_hub, "pia")
+    page.goto(f"{group_hub.url}/hub/groups/{GROUP}")
+    running = page.locator('#meterhub-group-running tr[data-member="amy"]')
+    running.locator("button", has_text="Stop").click()
+    page.wait_for_load_state()
+    assert "Stopped amy's server" in page.locator("#meterhub-message").inner_text()
+    assert group_hub.server("amy") is None
+    meterhub(group_hub, "group", "add", GROUP, "amy")

@@ -34,7 +34,7 @@ def ledger():
 @pytest.mark.parametrize(
     "groups, options, expected",
     [
-        (["Vision"], {"wallet": "group:VISION"}, WalletRef("group", "vision")),
+        (["vision"], {"wallet": "group:VISION"}, WalletRef("group", "vision")),
         (["vision"], {"wallet": "user:ann"}, None),
         (["vision"], {"wallet": "ann"}, None),
         (["vision"], {}, WalletRef("group", "vision")),  # the group's default_for_members
@@ -50,6 +50,8 @@ async def test_the_wallet_that_pays(ledger, groups, options, expected):
     "groups, options, status, words",
     [
         ([], {"wallet": "group:vision"}, 403, "not a member of the group 'vision'"),
+        # another hub group: the PI's delete:servers!group=vision does not reach its members
+        (["Vision"], {"wallet": "group:vision"}, 403, "not a member"),
         (["vision"], {"wallet": "user:bob"}, 403, "your own wallet"),
         (["vision"], {"wallet": 7}, 400, "a wallet is"),
         (["vision"], {"wallet": "team:vision"}, 400, "unknown wallet kind"),

@@ -136,6 +136,12 @@ def test_a_removed_member_keeps_the_running_session_but_cannot_start_another(lab
     charged = group_balance(lab)
     until(lambda: group_balance(lab) < charged, "the group to keep paying", timeout=30)
     assert lab.server("ann")["ready"]  # not stopped by the removal
+    # the PI still caps what the group pays for her, and the group still shows it to him
+    r = billing(lab, "PUT", f"/groups/{GROUP}/caps/ann", "pia", json={"amount": "9.00"})
+    assert r.status_code == 200, r.text
+    ok(cli(lab, "group", "cap", GROUP, "ann", "none"))
+    # and she no longer reads the group: group reads ask the hub afresh, not a cached answer
+    assert billing(lab, "GET", f"/groups/{GROUP}", "ann").status_code == 403
     lab.stop_server("ann")
     assert lab.ledger.session(session.id).wallet_id == session.wallet_id
     r = lab.api("POST", "/users/ann/server", json={"profile": "debug", "wallet": "group:vision"})

@@ -363,3 +363,15 @@ def test_group_view_shows_each_members_spend_cap_and_the_runway_at_the_last_week
     assert view.runway_seconds == 16 * 7 * 86_400 // 4  # 28 days at 4.00 a week
     clock.advance(8 * 86_400)  # the burn is the last 7 days': nothing spent since
     assert ledger.group_view("vision", []).runway_seconds is None
+
+
+def test_a_members_own_wallet_does_not_count_what_the_group_pays_for():
+    from meterhub.billing_hooks.api import wallet_json
+
+    ledger, _clock = make_ledger()
+    ledger.create_group("vision", "test")
+    ledger.grant("group:vision", 20 * MICROS, "g")
+    ledger.open_session("ann", "", "a800", 1, to_micros("36.00"), 0, wallet="group:vision")
+    wallet = wallet_json(ledger, "ann")
+    assert wallet["running"] == [] and wallet["minutes_left"] is None
+    assert wallet["summary"] == "¥10.00"
