@@ -5,12 +5,17 @@ which is the least any meter must do. Both run side by side on the same database
 SQLite (WAL) and on a throwaway PostgreSQL cluster, alternating, and the ratio of medians
 is reported. Goal: ≤ 2×.
 
+With --groups G the running sessions are paid by G group wallets instead, every member
+with a monthly cap, so each pass also reads caps and budget-alert facts: it reports that
+pass beside the plain one (user wallets), same database, alternating, as a ratio.
+
 With --hub it also starts a real meterhub with the same 5,000 users and measures the p95
 of a hub API request (GET /hub/api/users/NAME) while meter passes run back to back (each
 lists every user from that hub, then charges the ledger) against the p95 while idle,
 alternating phases. Goal: ≤ 1.1×.
 
-    .venv/bin/python bench/meter_scale.py [--users 5000] [--sessions 1000] [--rounds 5] [--hub]
+    .venv/bin/python bench/meter_scale.py [--users 5000] [--sessions 1000] [--rounds 5]
+        [--groups 10] [--hub]
 """
 
 from __future__ import annotations
@@ -114,6 +119,52 @@ def meter_pass(meter: Meter, servers, clock: FakeClock) -> float:
     start = time.perf_counter()
     meter.charge_pass(servers, clock.now)
     return time.perf_counter() - start
+
+
+def group_paid(url: str, users: int, sessions: int, groups: int, clock: FakeClock):
+    """A second ledger like populate's, its running sessions paid by `groups` group wallets,
+    each member capped (far above what a pass charges)."""
+    from sqlalchemy import update
+
+    ledger = Ledger(connect(url), clock=clock)
+    servers = populate(ledger, users, sessions)
+    group_wallets = []
+    for g in range(groups):
+        ledger.create_group(f"g{g}", "bench", admins=[f"u{g}"])
+        ledger.grant(f"group:g{g}", 10**12, f"bench:g{g}")
+        group_wallets.append(ledger.group_view(f"g{g}", ()).wallet_id)
+    with ledger.begin() as db:
+        for i in range(sessions):
+            db.execute(
+                update(MeteredSession)
+                .where(MeteredSession.id == i + 1)
+                .values(wallet_id=group_wallets[i % groups])
+            )
+    for i in range(sessions):
+        ledger.set_cap(f"g{i % groups}", f"u{i}", 10**11, "month", "bench")
+    return ledger, servers
+
+
+def run_groups(url_a: str, url_b: str, users: int, sessions: int, rounds: int, groups: int):
+    """The meter pass over user wallets vs over group wallets with caps, side by side."""
+    clock_a, clock_b = FakeClock(), FakeClock()
+    plain = Ledger(connect(url_a), clock=clock_a)
+    plain_servers = populate(plain, users, sessions)
+    grouped, grouped_servers = group_paid(url_b, users, sessions, groups, clock_b)
+    meters = (
+        Meter(plain, hub=None, interval_seconds=60, clock=clock_a),
+        Meter(grouped, hub=None, interval_seconds=60, clock=clock_b),
+    )
+    times: tuple[list[float], list[float]] = ([], [])
+    for _ in range(rounds):
+        times[0].append(meter_pass(meters[0], plain_servers, clock_a))
+        times[1].append(meter_pass(meters[1], grouped_servers, clock_b))
+    assert plain.audit() == [] and grouped.audit() == []
+    a, b = statistics.median(times[0]), statistics.median(times[1])
+    print(
+        f"groups: meter pass over user wallets {a * 1000:.1f} ms, over {groups} group wallets"
+        f" with {sessions} capped members {b * 1000:.1f} ms, ratio {b / a:.2f}"
+    )
 
 
 def run(name: str, url: str, users: int, sessions: int, rounds: int) -> None:
@@ -221,6 +272,7 @@ def main() -> None:
     parser.add_argument("--sessions", type=int, default=1000)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--hub", action="store_true", help="also measure the hub API's p95")
+    parser.add_argument("--groups", type=int, default=0, help="also: group wallets with caps")
     parser.add_argument("--phases", type=int, default=4)
     parser.add_argument("--seconds", type=float, default=10.0, help="length of each phase")
     args = parser.parse_args()
@@ -230,6 +282,9 @@ def main() -> None:
         )
     with tempfile.TemporaryDirectory() as tmp:
         run("sqlite", f"sqlite:///{tmp}/ledger.sqlite", args.users, args.sessions, args.rounds)
+        if args.groups:
+            a, b = f"sqlite:///{tmp}/plain.sqlite", f"sqlite:///{tmp}/groups.sqlite"
+            run_groups(a, b, args.users, args.sessions, args.rounds, args.groups)
     from tests.postgres import PostgresCluster
 
     cluster = PostgresCluster()

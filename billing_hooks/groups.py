@@ -55,6 +55,13 @@ def month_bounds(text: str) -> tuple[int, int]:
     return int(start.timestamp()), int(end.timestamp())
 
 
+def runway(balance_micros: int, burn_micros: int) -> int | None:
+    """Seconds the balance lasts at the last RUNWAY_DAYS days' burn (None: nothing spent)."""
+    if burn_micros <= 0:
+        return None
+    return max(0, balance_micros) * RUNWAY_DAYS * DAY // burn_micros
+
+
 @dataclass
 class MemberSpend:
     """One member's spend from a group wallet: in their cap's period (the month without one)."""
@@ -85,10 +92,7 @@ class GroupView:
 
     @property
     def runway_seconds(self) -> int | None:
-        """How long the balance lasts at the last 7 days' burn (None: nothing was spent)."""
-        if self.burn_micros <= 0:
-            return None
-        return max(0, self.balance_micros) * RUNWAY_DAYS * DAY // self.burn_micros
+        return runway(self.balance_micros, self.burn_micros)
 
 
 @dataclass(frozen=True)
@@ -106,9 +110,7 @@ class AlertFacts:
 
     @property
     def runway_seconds(self) -> int | None:
-        if self.burn_micros <= 0:
-            return None
-        return max(0, self.balance_micros) * RUNWAY_DAYS * DAY // self.burn_micros
+        return runway(self.balance_micros, self.burn_micros)
 
 
 @dataclass(frozen=True)
