@@ -304,7 +304,14 @@ class Groups:
         if not ids:
             return []
         with self.begin() as db:
-            caps = list(db.scalars(select(MemberCap).where(MemberCap.wallet_id.in_(ids))))
+            caps = db.execute(
+                select(
+                    MemberCap.wallet_id,
+                    MemberCap.user_name,
+                    MemberCap.amount_micros,
+                    MemberCap.period,
+                ).where(MemberCap.wallet_id.in_(ids))
+            ).all()
             spent: dict[tuple[str, int, str], int] = {}
             for period in {cap.period for cap in caps}:
                 rows = db.execute(

@@ -393,8 +393,11 @@ class Meter:
         """Stop (and before that, warn) members whose cap on this group wallet is spent,
         as the wallet's zero stops everyone: the same path, per member."""
         currency = self.ledger.currency
+        by_member: dict[str, list] = {}
+        for session in view.paying:
+            by_member.setdefault(session.user_name, []).append(session)
         for state in states:
-            mine = [s for s in view.paying if s.user_name == state.user]
+            mine = by_member.get(state.user)
             if not mine:
                 continue
             left = state.cap_micros - state.spent_micros
