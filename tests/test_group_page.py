@@ -11,6 +11,7 @@ from __future__ import annotations
 import csv
 import io
 import re
+from decimal import Decimal
 from pathlib import Path
 
 import pytest
@@ -119,8 +120,15 @@ def test_a_member_sees_the_wallet_members_caps_plot_and_no_forms(group_hub, brow
     )
     row = page.locator('#meterhub-members tr[data-member="amy"]').inner_text()
     assert "¥10.00 / month" in row and "this month" in row
+    # the meter charges amy every second, so the page and the API are read at different
+    # moments: each must add up to the cap, spent + left, to the fen (36.00/h charges whole
+    # fen a second, so no rounding splits a fen between the two)
+    spent, left = re.fullmatch(
+        r"amy\t¥(\d+\.\d\d) this month\t¥10\.00 / month\t¥(\d+\.\d\d)", row
+    ).groups()
+    assert Decimal(spent) + Decimal(left) == Decimal("10.00") and Decimal(spent) > 0
     (amy,) = wallet["members"]
-    assert f"¥{amy['left']}" in row  # what is left of the cap, as the API says
+    assert Decimal(amy["spent"]) + Decimal(amy["left"]) == Decimal("10.00")
     assert page.locator("svg.meterhub-plot rect").count() >= 1  # today's spending by amy
     assert "amy" in page.locator("#meterhub-legend").inner_text()
     running = page.locator('#meterhub-group-running tr[data-member="amy"]').inner_text()
