@@ -62,6 +62,15 @@ def _text(value: object, field: str, required: bool = False) -> str:
     return value
 
 
+#: the most a cap or an allowance may be
+MAX_LIMIT = Decimal("100000000")
+
+
+def limit_amount(value: object, field: str = "amount") -> int:
+    """A cap's or an allowance's amount in micros (positive, at most MAX_LIMIT); 400 else."""
+    return _amount(value, field, MAX_LIMIT)
+
+
 def _amount(value: object, field: str, maximum: Decimal, signed: bool = False) -> int:
     try:
         return parse_amount(value, maximum=maximum, signed=signed, where=field)
@@ -214,7 +223,7 @@ def set_cap(ledger: Ledger, group: str, user: str, amount, period, actor: str):
         raise ActionError(400, f"period: one of {', '.join(CAP_PERIODS)}")
     micros = None
     if amount is not None and amount != "none":
-        micros = _amount(amount, "amount", Decimal("100000000"))
+        micros = limit_amount(amount)
     try:
         return ledger.set_cap(group, user, micros, period, actor)
     except UnknownWallet as e:

@@ -78,6 +78,15 @@ class Audit:
                     refunds[entry.session_id] = (
                         refunds.get(entry.session_id, 0) + entry.amount_micros
                     )
+            # an allowance move is a pair, the course's and the student's: they cancel out
+            moved: dict[str, list[int]] = {}
+            for key, amount in db.execute(
+                select(Entry.key, Entry.amount_micros).where(Entry.kind == "allowance")
+            ):
+                moved.setdefault(key.rpartition(":")[0], []).append(amount)
+            for base, amounts in moved.items():
+                if len(amounts) != 2 or sum(amounts) != 0:
+                    problems.append(f"allowance move {base}: entries {amounts} are not a pair")
             for session in db.scalars(select(MeteredSession)):
                 covered = covering_passes(db, session)
                 session_charges = charges.get(session.id, [])

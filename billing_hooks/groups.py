@@ -177,17 +177,26 @@ class Groups:
             db.flush()
             return settings
 
-    def group(self, name: str) -> GroupSettings | None:
+    def group(self, name: str, kinds: Sequence[str] = ("group",)) -> GroupSettings | None:
+        """A research group's settings (with `kinds`, a course's too: a course is a group of
+        kind "course", whose own settings are course_settings)."""
         with self.begin() as db:
-            return group_settings(db, fold(name))
+            settings = group_settings(db, fold(name))
+            return settings if settings is not None and settings.kind in kinds else None
 
     def groups(self) -> list[GroupSettings]:
         with self.begin() as db:
-            return list(db.scalars(select(GroupSettings).order_by(GroupSettings.name)))
+            return list(
+                db.scalars(
+                    select(GroupSettings)
+                    .where(GroupSettings.kind == "group")
+                    .order_by(GroupSettings.name)
+                )
+            )
 
-    def _require(self, db: Session, name: str) -> GroupSettings:
+    def _require(self, db: Session, name: str, kinds: Sequence[str] = ("group",)) -> GroupSettings:
         settings = group_settings(db, fold(name))
-        if settings is None:
+        if settings is None or settings.kind not in kinds:
             raise UnknownWallet(f"There is no group {name[:64]!r} with a wallet")
         return settings
 
@@ -204,7 +213,11 @@ class Groups:
         """{group: [admins]} of every group (the hub's roles are made from it)."""
         result: dict[str, list[str]] = {}
         with self.begin() as db:
-            for settings in db.scalars(select(GroupSettings).order_by(GroupSettings.name)):
+            for settings in db.scalars(
+                select(GroupSettings)
+                .where(GroupSettings.kind == "group")
+                .order_by(GroupSettings.name)
+            ):
                 result[settings.name] = []
             rows = db.execute(
                 select(GroupAdmin.group_name, GroupAdmin.user_name).order_by(
@@ -244,6 +257,7 @@ class Groups:
                     select(GroupSettings.name)
                     .where(
                         GroupSettings.name.in_(names),
+                        GroupSettings.kind == "group",
                         GroupSettings.default_for_members.is_(True),
                     )
                     .order_by(GroupSettings.name)
@@ -259,7 +273,7 @@ class Groups:
             return list(
                 db.scalars(
                     select(GroupSettings.name)
-                    .where(GroupSettings.name.in_(names))
+                    .where(GroupSettings.name.in_(names), GroupSettings.kind == "group")
                     .order_by(GroupSettings.name)
                 )
             )
@@ -484,10 +498,11 @@ class Groups:
         """Sessions the group's wallet paid for (started in [since, until)), newest first,
         with what each cost it: the statement."""
         with self.begin() as db:
-            settings = self._require(db, name)
-            wallet_id = _wallet_id(db, settings.name)
+            settings = self._require(db, name, kinds=("group", "course"))
             S = MeteredSession
-            query = select(S).where(S.wallet_id == wallet_id, S.ready_at.is_not(None))
+            query = select(S).where(
+                S.wallet_id.in_(_paying_wallets(db, settings)), S.ready_at.is_not(None)
+            )
             if since is not None:
                 query = query.where(S.started_at >= since)
             if until is not None:
@@ -583,6 +598,16 @@ def _wallet_id(db: Session, group: str) -> int:
     )
     assert wallet_id is not None  # made with the group's settings, in one transaction
     return wallet_id
+
+
+def _paying_wallets(db: Session, settings: GroupSettings):
+    """What pays for a group's sessions: its wallet; for a course, its students' allowances."""
+    if settings.kind == "course":
+        return select(Wallet.id).where(
+            Wallet.owner_kind == "allowance",
+            Wallet.owner_name.startswith(f"{settings.name}/", autoescape=True),
+        )
+    return [_wallet_id(db, settings.name)]
 
 
 def _session_costs(db: Session, ids: list[int]) -> dict[int, int]:

@@ -22,6 +22,7 @@ from tornado import web
 
 from meterhub.spawner.catalog import InvalidChoice
 
+from .courses import course_refusal
 from .ledger import InsufficientCredit, UnknownWallet
 from .money import to_micros
 from .settings import BillingSettings, priced_catalog
@@ -50,7 +51,14 @@ async def authorize_spawn(spawner) -> None:
     except InvalidChoice as e:
         raise web.HTTPError(400, str(e), reason="Invalid profile") from None
     try:
-        wallet = await paying_wallet(spawner, ledger)
+        wallet = await paying_wallet(spawner, ledger, choice.profile.slug, choice.gpus)
+        if wallet is not None and wallet.is_course:
+            course = await asyncio.to_thread(ledger.course, wallet.name)
+            refusal = course and course_refusal(
+                course, choice.profile.slug, choice.gpus, ledger.clock()
+            )
+            if refusal:
+                raise web.HTTPError(403, refusal, reason="Not paid by the course")
         auth = await asyncio.to_thread(
             ledger.open_session,
             spawner.user.name,
@@ -87,20 +95,34 @@ def member_groups(user) -> set[str]:
     return {group.name for group in getattr(user, "groups", None) or ()}
 
 
-async def paying_wallet(spawner, ledger) -> WalletRef | None:
+async def paying_wallet(spawner, ledger, profile: str = "debug", gpus: int = 0) -> WalletRef | None:
     """The wallet the user options name (`"wallet": "group:vision"`), checked against the
-    user's JupyterHub groups now; without one, a group of theirs that pays for its members
-    by default, else None (their own wallet). HTTP 400 for a malformed reference, 403 for a
-    wallet they may not pay from."""
+    user's JupyterHub groups (a course: its roster) now; without one, a course of theirs
+    with allowance left that pays for this choice now, else a group of theirs that pays for
+    its members by default, else None (their own wallet). HTTP 400 for a malformed
+    reference, 403 for a wallet they may not pay from."""
     raw = (spawner.user_options or {}).get("wallet")
     groups = member_groups(spawner.user)
     if raw is None or raw == "":
+        course = await asyncio.to_thread(ledger.default_course, spawner.user.name, profile, gpus)
+        if course:
+            return WalletRef("course", course)
         defaults = await asyncio.to_thread(ledger.default_group_wallets, groups)
         return WalletRef("group", defaults[0]) if defaults else None
     try:
         ref = parse_wallet(raw)
     except WalletRefError as e:
         raise web.HTTPError(400, f"wallet: {e}", reason="Invalid wallet") from None
+    if ref.is_course:
+        member = await asyncio.to_thread(ledger.course_member, ref.name, spawner.user.name)
+        if member is None or member.role != "student":
+            raise web.HTTPError(
+                403,
+                f"You are not a student of the course {ref.name!r}, so you cannot pay from"
+                " its allowances. Pay from your own wallet.",
+                reason="Not a student",
+            )
+        return ref
     if not ref.is_group:
         if ref.name != spawner.user.name:
             raise web.HTTPError(

@@ -7,11 +7,13 @@
 - audit.py — the invariants, checked on demand
 - queries.py — what pages, the CLI and the REST API read
 - groups.py — groups with wallets: settings, admins, caps, the hub's membership changes
+- courses.py — courses: rosters, allowances carved from the course wallet, profiles, windows
 """
 
 from __future__ import annotations
 
 from .audit import Audit
+from .courses import Courses
 from .groups import Groups
 from .meter_batch import MeterBatch, WalletView
 from .postings import (
@@ -34,7 +36,7 @@ from .postings import (
 from .queries import Queries
 
 
-class Ledger(Groups, Queries, Audit, MeterBatch, Postings):
+class Ledger(Courses, Groups, Queries, Audit, MeterBatch, Postings):
     """All methods are blocking: the hub and the meter call them off their event loops."""
 
 

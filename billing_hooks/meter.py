@@ -361,6 +361,12 @@ class Meter:
             # metered_through already advanced and charges only what is new
             views.update(self.ledger.charge_running(ready[i : i + BATCH], now))
         result.charged = len(ready)
+        # then allowances: renewed for a period that has begun (after the charge for the
+        # time before it), or returned to an expired course, whose students' servers then
+        # stop at zero below
+        for wid, balance in self.ledger.settle_allowances(now).items():
+            if wid in views:
+                views[wid].balance_micros = balance
         groups = [wid for wid, view in views.items() if view.kind == "group"]
         caps: dict[int, list[CapState]] = {}
         for state in self.ledger.cap_states(groups, now):
@@ -497,7 +503,10 @@ class Meter:
         available = balance + self.ledger.overdraft_micros
         if available > 0 and available * SECONDS_PER_HOUR >= rate * self._quiet_seconds:
             return  # credit for longer than the first warning: nothing to say (most wallets)
-        whose = f"The {view.user} group's credit" if view.kind == "group" else "Your credit"
+        whose = {
+            "group": f"The {view.user} group's credit",
+            "allowance": f"Your allowance from {view.user.partition('/')[0]}",
+        }.get(view.kind, "Your credit")
         if balance + self.ledger.overdraft_micros <= 0:
             for session in view.paying:
                 result.to_stop.append((session.user_name, session.server_name))
@@ -508,16 +517,19 @@ class Meter:
                     "stopped",
                     f"{whose} ran out ({format_money(balance, currency)}), so your {server}"
                     " was stopped. Your files are kept; "
-                    + (
-                        "ask the group's admin to top it up, or start again paying from your"
-                        " own wallet."
-                        if view.kind == "group"
-                        else "top up to start again."
-                    ),
+                    + {
+                        "group": "ask the group's admin to top it up, or start again paying"
+                        " from your own wallet.",
+                        "allowance": "ask your instructor, or start again paying from your"
+                        " own wallet.",
+                    }.get(view.kind, "top up to start again."),
                 )
             return
         left = seconds_covered(balance + self.ledger.overdraft_micros, rate)
-        credit = f"the {view.user} group's credit" if view.kind == "group" else "credit"
+        credit = {
+            "group": f"the {view.user} group's credit",
+            "allowance": f"your allowance from {view.user.partition('/')[0]}",
+        }.get(view.kind, "credit")
         for minutes in self.warn_minutes:
             if left is not None and left <= minutes * 60:
                 for session in view.paying:

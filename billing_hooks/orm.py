@@ -23,8 +23,22 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 #: violations an audit run keeps (its problems_count counts them all)
 AUDIT_PROBLEM_LINES = 50
 
-ENTRY_KINDS = ("trial", "grant", "topup", "charge", "pass", "refund", "adjustment")
-OWNER_KINDS = ("user", "group", "course")
+ENTRY_KINDS = (
+    "trial",
+    "grant",
+    "topup",
+    "charge",
+    "pass",
+    "refund",
+    "adjustment",
+    # a course's credit moved to (positive) or back from (negative) a student's allowance,
+    # written as a pair: the course wallet's entry and the allowance wallet's, same amount
+    "allowance",
+)
+#: an allowance wallet is a student's in one course, named "COURSE/USER"
+OWNER_KINDS = ("user", "group", "course", "allowance")
+COURSE_ROLES = ("student", "ta", "instructor")
+AT_WINDOW_END = ("stop", "debug")
 CAP_PERIODS = ("week", "month", "total")
 #: membership changes the CLI asks of the hub (applied by the hub, in its own process)
 HUB_CHANGE_ACTIONS = ("create", "add", "remove")
@@ -35,7 +49,8 @@ class Base(DeclarativeBase):
 
 
 class Wallet(Base):
-    """An account holding credit. Owned by a user now; by a group or a course later."""
+    """An account holding credit: a user's, a group's, a course's, or a student's allowance
+    carved from a course's (owner "COURSE/USER")."""
 
     __tablename__ = "wallets"
     __table_args__ = (UniqueConstraint("owner_kind", "owner_name"),)
@@ -188,7 +203,7 @@ class GroupSettings(Base):
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     name: Mapped[str] = mapped_column(String(64), unique=True)
-    #: "group" (a research group); later also "course"
+    #: "group" (a research group) or "course" (its own settings in course_settings)
     kind: Mapped[str] = mapped_column(String(16), default="group")
     #: members who name no wallet at spawn pay from this group
     default_for_members: Mapped[bool] = mapped_column(Boolean, default=False)
@@ -243,3 +258,47 @@ class HubChange(Base):
     applied_at: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     #: what applying it found ("" when it did what was asked)
     outcome: Mapped[str] = mapped_column(Text, default="")
+
+
+class CourseSettings(Base):
+    """A course: a group of kind "course" whose wallet pays students' allowances, with the
+    profiles it pays for and the lab windows that gate its GPUs."""
+
+    __tablename__ = "course_settings"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(64), unique=True)
+    #: each student's allowance per period (None: none set; students cannot pay from it)
+    allowance_micros: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    #: week | month | total (CAP_PERIODS)
+    allowance_period: Mapped[str] = mapped_column(String(8), default="total")
+    #: when allowances end: what is left returns to the course (None: never)
+    expires_at: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    #: the choices the course pays for, space-separated ("debug rtx4090:1"); "": any
+    profiles: Mapped[str] = mapped_column(Text, default="")
+    #: lab windows, a line each ("weekly Tue 14:00-16:00", "on 2027-01-12T14:00/16:00")
+    windows: Mapped[str] = mapped_column(Text, default="")
+    timezone: Mapped[str] = mapped_column(String(64), default="UTC")
+    #: whether debug mode paid by the course may run outside the windows
+    debug_outside_windows: Mapped[bool] = mapped_column(Boolean, default=True)
+    #: what happens to course-paid GPU servers when a window ends: stop | debug
+    at_window_end: Mapped[str] = mapped_column(String(8), default="stop")
+    #: an LTI 1.3 context: "ISSUER DEPLOYMENT CONTEXT" (None: not from an LMS)
+    lti_key: Mapped[str | None] = mapped_column(String(700), nullable=True, unique=True)
+
+
+class CourseMember(Base):
+    """One line of a course's roster: a student, TA or instructor, who may have no hub
+    account yet (they join the hub group when they first sign in)."""
+
+    __tablename__ = "course_members"
+    __table_args__ = (UniqueConstraint("course_name", "user_name"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    course_name: Mapped[str] = mapped_column(String(64))
+    user_name: Mapped[str] = mapped_column(String(255))
+    #: student | ta | instructor
+    role: Mapped[str] = mapped_column(String(16))
+    full_name: Mapped[str] = mapped_column(Text, default="")
+    email: Mapped[str] = mapped_column(Text, default="")
+    added_at: Mapped[int] = mapped_column(BigInteger)

@@ -98,6 +98,10 @@ def _no_fault(point: str) -> None:
 
 
 class Postings:
+    if TYPE_CHECKING:
+        # Courses provides it; Ledger puts them together
+        def _course_payer(self, db: Session, name: str, user: str, now: int) -> Wallet: ...
+
     def __init__(
         self,
         engine: Engine,
@@ -137,8 +141,8 @@ class Postings:
         ref = as_ref(owner)
         wallet = self._wallet(db, ref, lock=True)
         if wallet is None:
-            if ref.is_group:
-                raise UnknownWallet(f"There is no group {ref.name!r} with a wallet")
+            if ref.kind != "user":
+                raise UnknownWallet(f"There is no {ref.kind} {ref.name!r} with a wallet")
             user = ref.name
             wallet = Wallet(
                 owner_kind="user",
@@ -351,7 +355,10 @@ class Postings:
         # one wallet only (two would deadlock against the meter's batch)
         self.ensure_user(user)
         with self.begin() as db:
-            account = self._ensure_wallet(db, payer)
+            if payer.is_course:
+                account = self._course_payer(db, payer.name, user, now)
+            else:
+                account = self._ensure_wallet(db, payer)
             # a session left open for this server (the hub died mid-spawn) cannot be running
             for stale in list(db.scalars(_open_sessions_of(user, server_name))):
                 self._close(db, stale, stale.last_seen_running or stale.started_at, HUB)
@@ -387,7 +394,10 @@ class Postings:
             minutes = min_seconds // 60
             # with no minimum minutes, an empty wallet still starts nothing it would pay for
             if available < needed or (new_rate and available <= 0):
-                whose = f"The {payer.name} group's balance" if payer.is_group else "Your balance"
+                whose = {
+                    "group": f"The {payer.name} group's balance",
+                    "course": f"Your allowance from {payer.name}",
+                }.get(payer.kind, "Your balance")
                 others = (
                     " with its running servers" if payer.is_group else " with your running servers"
                 )
@@ -398,11 +408,11 @@ class Postings:
                     f" ({format_money(needed, self.currency)}"
                     + (others if open_rates else "")
                     + ")."
-                    + (
-                        " Ask the group's admin to top it up, or pay from your own wallet."
-                        if payer.is_group
-                        else " Top up, or choose debug mode."
-                    )
+                    + {
+                        "group": " Ask the group's admin to top it up, or pay from your own"
+                        " wallet.",
+                        "course": " Ask your instructor, or pay from your own wallet.",
+                    }.get(payer.kind, " Top up, or choose debug mode.")
                 )
             if payer.is_group:
                 cap = db.scalars(

@@ -56,6 +56,12 @@ class Queries:
             self, db: Session, owner: str | WalletRef, lock: bool = False
         ) -> Wallet | None: ...
 
+    def wallet_id(self, owner) -> int | None:
+        """The id of `owner`'s wallet (a user name, a reference or a WalletRef), or None."""
+        with self.begin() as db:
+            wallet = self._wallet(db, owner)
+            return None if wallet is None else wallet.id
+
     def balance(self, user: str) -> int | None:
         with self.begin() as db:
             wallet = self._wallet(db, user)

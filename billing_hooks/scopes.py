@@ -12,6 +12,10 @@ Billing reads the scopes JupyterHub reports for the token a request carries:
   statements. Never grant money from nothing, never another group. With it, the group's
   role gives JupyterHub's `list:users`, `read:users`, `read:servers` and `delete:servers`
   filtered to the group: a PI may stop a member's server, never start or open one.
+- `custom:meterhub:course-staff!group=NAME` (TAs and instructors) and
+  `custom:meterhub:course-instructor!group=NAME` (instructors: money and settings): a
+  course's console, its roster's state and usage; their roles give the same JupyterHub
+  scopes as a group admin's, filtered to the course's group (its students).
 - any token that reaches the billing service may read its owner's own wallet, usage and
   notifications, and mark its owner's notifications read.
 """
@@ -25,6 +29,11 @@ ADMIN_SCOPE = "custom:meterhub:admin"
 SPEND_SCOPE = "custom:meterhub:spend"
 GROUP_ADMIN_SCOPE = "custom:meterhub:group-admin"
 GROUP_ADMIN_ROLE_PREFIX = "meterhub-group-admin-"
+COURSE_STAFF_SCOPE = "custom:meterhub:course-staff"
+COURSE_INSTRUCTOR_SCOPE = "custom:meterhub:course-instructor"
+COURSE_ROLE_PREFIX = "meterhub-course-"
+#: the roles the hub makes from the ledger (and removes when the ledger no longer has them)
+LEDGER_ROLE_PREFIXES = (GROUP_ADMIN_ROLE_PREFIX, COURSE_ROLE_PREFIX)
 BILLING_ACCESS = f"access:services!service={BILLING_SERVICE}"
 BILLING_ADMIN_ROLE = "meterhub-billing-admin"
 
@@ -37,6 +46,14 @@ CUSTOM_SCOPES = {
     GROUP_ADMIN_SCOPE: {
         "description": "Manage a group's meterhub wallet as its admin: members' caps, spend"
         " and statements (filtered by !group=)."
+    },
+    COURSE_STAFF_SCOPE: {
+        "description": "A course's console in meterhub: its students' state and usage, stop"
+        " their servers (filtered by !group=)."
+    },
+    COURSE_INSTRUCTOR_SCOPE: {
+        "description": "A course's money and settings in meterhub: allowances, profiles, lab"
+        " windows (filtered by !group=)."
     },
 }
 
@@ -83,6 +100,31 @@ def group_admin_role(group: str, users: Sequence[str] = ()) -> dict:
             f"{GROUP_ADMIN_SCOPE}{only}",
             BILLING_ACCESS,
         ],
+        "users": list(users),
+    }
+
+
+def course_role(course: str, role: str, users: Sequence[str] = ()) -> dict:
+    """The role of a course's TAs ("ta") or instructors ("instructor"): JupyterHub's scopes
+    filtered to the course's group (its students), the course-staff scope and, for
+    instructors, the course-instructor scope. Never start or open a student's server."""
+    only = f"!group={course}"
+    scopes = [
+        f"list:users{only}",
+        f"read:users{only}",
+        f"read:servers{only}",
+        f"delete:servers{only}",
+        f"read:groups{only}",
+        f"{COURSE_STAFF_SCOPE}{only}",
+        BILLING_ACCESS,
+    ]
+    if role == "instructor":
+        scopes.append(f"{COURSE_INSTRUCTOR_SCOPE}{only}")
+    return {
+        "name": f"{COURSE_ROLE_PREFIX}{role}-{course}",
+        "description": f"{'Instructor' if role == 'instructor' else 'TA'} of the meterhub"
+        f" course {course}.",
+        "scopes": scopes,
         "users": list(users),
     }
 

@@ -1,5 +1,8 @@
-"""Wallet references and cap periods: `user:NAME` (or a bare NAME) and `group:NAME`, spelt
-the same in the CLI, the API, user options, pages and the ledger.
+"""Wallet references and cap periods: `user:NAME` (or a bare NAME), `group:NAME` and
+`course:NAME`, spelt the same in the CLI, the API, user options, pages and the ledger.
+
+A student paying from `course:NAME` pays from their allowance in it: a wallet of its own,
+`allowance:NAME/USER`, that only the ledger names (never a user's option).
 
 Group names compare case-insensitively: a reference is folded to lower case, as the
 ledger keeps group names.
@@ -19,7 +22,7 @@ GROUP_RULE = (
     "lower-case letters, digits, '.', '_' or '-', starting and ending with a letter or"
     " digit, at most 64 characters"
 )
-KINDS = ("user", "group")
+KINDS = ("user", "group", "course")
 
 
 class WalletRefError(ValueError):
@@ -37,19 +40,29 @@ class WalletRef(NamedTuple):
     def is_group(self) -> bool:
         return self.kind == "group"
 
+    @property
+    def is_course(self) -> bool:
+        return self.kind == "course"
+
+
+def allowance_ref(course: str, user: str) -> WalletRef:
+    """The wallet of `user`'s allowance in `course` (names hold no "/")."""
+    return WalletRef("allowance", f"{course}/{user}")
+
 
 def parse_wallet(text: object) -> WalletRef:
     """`user:NAME`, a bare NAME (a user) or `group:NAME`; WalletRefError says what is wrong."""
     if not isinstance(text, str) or not text or len(text) > 80:
-        raise WalletRefError("a wallet is 'user:NAME', 'group:NAME' or a user name")
+        raise WalletRefError("a wallet is 'user:NAME', 'group:NAME', 'course:NAME' or a user name")
     kind, sep, name = text.partition(":")
     if not sep:
         kind, name = "user", text
     if kind not in KINDS:
         raise WalletRefError(
-            f"unknown wallet kind {kind[:20]!r}: a wallet is 'user:NAME' or 'group:NAME'"
+            f"unknown wallet kind {kind[:20]!r}: a wallet is 'user:NAME', 'group:NAME' or"
+            " 'course:NAME'"
         )
-    if kind == "group":
+    if kind in ("group", "course"):
         name = fold(name)
         if not GROUP_NAME.match(name):
             raise WalletRefError(f"invalid group name {name[:64]!r}: {GROUP_RULE}")

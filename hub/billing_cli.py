@@ -98,7 +98,7 @@ def require_user(c: Config, name: str) -> None:
 
 
 def _require_wallet(c: Config, ledger, reference: str) -> str:
-    """A wallet reference the CLI may act on: a user the hub has, or a group with a wallet;
+    """A wallet reference the CLI may act on: a user the hub has, a group or a course;
     returns it spelt the ledger's way (`group:vision`, or the user's bare name)."""
     try:
         ref = actions.wallet_ref(reference)
@@ -108,8 +108,9 @@ def _require_wallet(c: Config, ledger, reference: str) -> str:
     if kind == "user":
         require_user(c, name)
         return name
-    if ledger.group(name) is None:
-        raise CliError(f"no group {name!r}: create it with `meterhub group create {name}`")
+    found = ledger.group(name, kinds=("group", "course"))
+    if found is None or found.kind != kind:
+        raise CliError(f"no {kind} {name!r}: create it with `meterhub {kind} create {name}`")
     return ref
 
 
@@ -208,7 +209,7 @@ def usage(args) -> int:
     c, settings = load_settings(args)
     ledger = settings.ledger()
     wallet = _require_wallet(c, ledger, args.user)
-    if ":" in wallet:  # a group: what its wallet paid for, with the member who ran it
+    if ":" in wallet:  # a group or a course: what it paid for, with the member who ran it
         group = wallet.partition(":")[2]
         if args.csv:
             sys.stdout.write(actions.group_usage_csv(ledger, group))
@@ -301,7 +302,7 @@ def service(args) -> int:
     return 0
 
 
-WALLET_HELP = "a user name (or user:NAME), or group:NAME"
+WALLET_HELP = "a user name (or user:NAME), group:NAME or course:NAME"
 KEY_HELP = (
     "idempotency key, 1 to 120 printable ASCII characters: the same key again is a no-op;"
     " without one a new key is made and printed first"

@@ -130,10 +130,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     unit.set_defaults(func=_systemd_unit)
     from .billing_cli import add_commands
+    from .course_cli import add_commands as add_course_commands
     from .group_cli import add_commands as add_group_commands
 
     add_commands(commands)
     add_group_commands(commands)
+    add_course_commands(commands)
     return parser
 
 

@@ -1,10 +1,14 @@
-"""Groups in the hub: the membership changes the CLI asked for, and the group admins' roles.
+"""Groups in the hub: the membership changes the CLI asked for, the group admins' roles, and
+courses' students and staff roles, mirrored from the ledger's rosters.
 
 JupyterHub expects no other writer of its database, and roles come only from its config
 (it deletes the others at start-up). So the CLI never writes the hub's database for groups:
 it queues changes in the ledger (`hub_changes`), and the hub applies them in its own process
 and session, every `sync_interval_seconds`; the group admins' roles are made from the
 ledger's `group_admins`, both at start-up (`load_roles`) and by the same sync while running.
+A course's roster is the ledger's (students may have no account yet): each sync makes the
+hub group of the course's name hold exactly its students who have an account, so one who
+signs in for the first time joins within a sync.
 """
 
 from __future__ import annotations
@@ -14,15 +18,20 @@ import logging
 
 from jupyterhub import orm, roles
 
-from meterhub.billing_hooks.scopes import GROUP_ADMIN_ROLE_PREFIX, group_admin_role
+from meterhub.billing_hooks.scopes import LEDGER_ROLE_PREFIXES, course_role, group_admin_role
 from meterhub.billing_hooks.wallets import fold
 
 log = logging.getLogger("meterhub.groups")
 
 
 def group_admin_roles(ledger) -> list[dict]:
-    """One role per group with a wallet, held by its admins (blocking: reads the ledger)."""
-    return [group_admin_role(group, admins) for group, admins in ledger.group_admins().items()]
+    """One role per group with a wallet, held by its admins, and two per course, held by
+    its TAs and its instructors (blocking: reads the ledger)."""
+    roles = [group_admin_role(group, admins) for group, admins in ledger.group_admins().items()]
+    for course, roster in ledger.course_rosters().items():
+        roles.append(course_role(course, "ta", roster["ta"]))
+        roles.append(course_role(course, "instructor", roster["instructor"]))
+    return roles
 
 
 def find_group(db, name: str) -> orm.Group | None:
@@ -61,10 +70,11 @@ def apply_change(db, change) -> str:
 def sync_roles(db, wanted: list[dict]) -> None:
     """Make the hub's group-admin roles exactly `wanted` (specs with their users)."""
     names = {spec["name"] for spec in wanted}
-    for role in db.query(orm.Role).filter(orm.Role.name.startswith(GROUP_ADMIN_ROLE_PREFIX)):
-        if role.name not in names:
-            log.info("Removing the role %s: its group has no wallet", role.name)
-            db.delete(role)
+    for prefix in LEDGER_ROLE_PREFIXES:
+        for role in db.query(orm.Role).filter(orm.Role.name.startswith(prefix)):
+            if role.name not in names:
+                log.info("Removing the role %s: the ledger no longer has it", role.name)
+                db.delete(role)
     for spec in wanted:
         role = roles.create_role(
             db, {k: spec[k] for k in ("name", "description", "scopes")}, commit=False
@@ -100,6 +110,27 @@ async def sync_groups(db, ledger) -> int:
                 outcome,
             )
         await asyncio.to_thread(ledger.hub_change_applied, change.id, outcome)
+    rosters = await asyncio.to_thread(ledger.course_rosters)
+    for course, roster in rosters.items():
+        mirror_students(db, course, roster["student"])
+    db.commit()
     wanted = await asyncio.to_thread(group_admin_roles, ledger)
     sync_roles(db, wanted)
     return len(pending)
+
+
+def mirror_students(db, course: str, students: list[str]) -> None:
+    """Make the hub group `course` hold exactly those of `students` who have an account."""
+    group = find_group(db, course)
+    if group is None:
+        group = orm.Group(name=course, properties={"course": True})
+        db.add(group)
+    wanted = set(students)
+    for user in list(group.users):
+        if user.name not in wanted:
+            group.users.remove(user)
+    have = {user.name for user in group.users}
+    for name in sorted(wanted - have):
+        user = orm.User.find(db, name)
+        if user is not None:
+            group.users.append(user)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 
+from meterhub.billing_hooks.courses import lab_phrase
 from meterhub.billing_hooks.groups import MemberSpend
 from meterhub.billing_hooks.hooks import member_groups
 from meterhub.billing_hooks.money import (
@@ -72,11 +73,55 @@ def payer_options(ledger, user: str, balance: int, groups: set[str]) -> tuple[li
         reason = "nothing left to spend" if left <= 0 else ""
         payers.append(PayerOption(f"group:{view.name}", f"Group {view.name}", detail, reason))
         available[f"group:{view.name}"] = left
+    course_payers, course_default = course_options(ledger, user)
+    for option, left in course_payers:
+        payers.append(option)
+        available[option.value] = left
     defaults = [
         g for g in ledger.default_group_wallets(groups) if available.get(f"group:{g}", 0) > 0
     ]
-    checked = f"group:{defaults[0]}" if defaults else own
+    checked = (
+        f"course:{course_default}"
+        if course_default
+        else f"group:{defaults[0]}"
+        if defaults
+        else own
+    )
     return payers, checked, available[checked]
+
+
+def course_options(ledger, user: str) -> tuple[list[tuple[PayerOption, int]], str]:
+    """The "Pay from" choices of the courses `user` is a student of, with what each leaves
+    to spend, and the course checked by default: the first with allowance left."""
+    currency = ledger.currency
+    now = ledger.clock()
+    options, default = [], ""
+    for name in ledger.student_courses(user):
+        course = ledger.course(name)
+        state = ledger.allowance_state(name, user, now)
+        left = max(0, state.left_micros)
+        parts = []
+        if state.amount_micros is None:
+            reason = "no allowance yet"
+        elif state.expired:
+            reason = "the allowance has ended"
+        else:
+            reason = "" if left > 0 else "nothing left to spend"
+            period = "" if state.period == "total" else f" {period_phrase(state.period)}"
+            parts.append(
+                f"{format_money(left, currency)} of your"
+                f" {format_money(state.amount_micros, currency)} allowance{period} left"
+            )
+        if course is not None and course.profiles:
+            parts.append(f"pays for {', '.join(course.profiles.split())}")
+        if course is not None and course.windows:
+            parts.append(lab_phrase(course, now))
+        if not reason and not default:
+            default = name
+        options.append(
+            (PayerOption(f"course:{name}", f"Course {name}", "; ".join(parts), reason), left)
+        )
+    return options, default
 
 
 async def options_form(spawner) -> str:

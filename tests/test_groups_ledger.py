@@ -117,7 +117,7 @@ def test_parse_wallet_reads_good_references(text, expected):
         (None, "a wallet is"),
         (7, "a wallet is"),
         ("x" * 81, "a wallet is"),
-        ("course:ml", "unknown wallet kind"),
+        ("allowance:ml/amy", "unknown wallet kind"),
         (":ann", "unknown wallet kind"),
         ("group:", "invalid group name"),
         ("group:a b", "invalid group name"),

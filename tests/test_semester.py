@@ -19,6 +19,7 @@ from sqlalchemy import select
 from traitlets.config import Config
 
 from meterhub.billing_hooks.clock import FakeClock
+from meterhub.billing_hooks.courses import RosterLine
 from meterhub.billing_hooks.db import connect
 from meterhub.billing_hooks.ledger import Ledger
 from meterhub.billing_hooks.meter import UNHEALTHY_AFTER_INTERVALS, Meter
@@ -222,8 +223,8 @@ def test_a_hub_with_a_certificate_answers_https(tmp_path, monkeypatch):
 
 def semester_ledger(url: str) -> tuple[Ledger, FakeClock]:
     """A ledger with one of everything: grants, charged sessions, a pass, an adjustment,
-    a refund, notifications, reconciliations and a group with a wallet, an admin, a cap and
-    a queued membership change."""
+    a refund, notifications, reconciliations, a group with a wallet, an admin, a cap and
+    a queued membership change, and a course with a roster and a student's allowance."""
     clock = FakeClock()
     ledger = Ledger(connect(url), clock=clock)
     rate = to_micros("4.50")
@@ -248,6 +249,11 @@ def semester_ledger(url: str) -> tuple[Ledger, FakeClock]:
     ledger.create_group("lab", "cli:root", admins=["ann"])
     ledger.grant("group:lab", 20 * MICROS, "grant:lab", "", "cli:root")
     ledger.set_cap("lab", "bo", 5 * MICROS, "month", "ann")
+    ledger.create_course("ml101", "cli:root", instructors=["ann"], timezone="Asia/Shanghai")
+    ledger.import_roster("ml101", [RosterLine("bo", full_name="Bo")], "cli:root")
+    ledger.grant("course:ml101", 30 * MICROS, "grant:ml101", "", "cli:root")
+    ledger.set_allowance("ml101", 3 * MICROS, "week", None)
+    ledger.settle_allowance("ml101", "bo")
     ledger.record_audit()
     return ledger, clock
 
@@ -279,7 +285,7 @@ def test_migrate_copies_the_ledger_to_postgresql_exactly(tmp_path, postgres):
     target_url = postgres.new_database()
     out = cli("billing", "migrate", "--to", target_url, "--config", str(config), cwd=tmp_path)
     assert out.returncode == 0, out.stderr
-    assert "audit and 3 balances identical" in out.stdout
+    assert "audit and 5 balances identical" in out.stdout  # ann, bo, lab, ml101, its bo
     assert "now set billing.db_url to" in out.stdout and "password" not in out.stdout
     moved = Ledger(connect(target_url), clock=clock)
     assert snapshot(moved, clock.now) == before

@@ -1,0 +1,663 @@
+"""Courses: a group of kind "course" whose wallet funds each student's allowance.
+
+- The roster (students, TAs, instructors) is the ledger's: it comes from a CSV or an LMS,
+  and may name people who have no hub account yet. The hub mirrors the students into the
+  JupyterHub group of the course's name when their accounts exist (hub/group_sync.py).
+- A student's allowance is a wallet of its own (`allowance:COURSE/USER`), filled from the
+  course wallet by a pair of "allowance" entries: the course's, negative, and the
+  allowance's, positive, of one amount. Each period (week, month, total) it is set back to
+  the allowance: the first settle in a period moves what is owed (what the course has, if
+  less; the rest when the course is topped up). At expiry what is left moves back to the
+  course in one pair.
+- Students pay from the allowance; the course's profiles and lab windows say what it pays
+  for, and when.
+"""
+
+from __future__ import annotations
+
+import datetime
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from sqlalchemy import func, select
+
+from . import labwindows
+from .orm import (
+    AT_WINDOW_END,
+    CAP_PERIODS,
+    COURSE_ROLES,
+    CourseMember,
+    CourseSettings,
+    Entry,
+    GroupSettings,
+    MeteredSession,
+    Wallet,
+)
+from .postings import SYSTEM, InsufficientCredit, LedgerError, UnknownWallet, group_settings
+from .wallets import USER_NAME, WalletRef, allowance_ref, fold, period_start
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterator
+    from contextlib import contextmanager
+
+    from sqlalchemy.orm import Session
+
+    from .orm import Entry as EntryRow
+
+
+@dataclass(frozen=True)
+class RosterLine:
+    user: str
+    role: str = "student"
+    full_name: str = ""
+    email: str = ""
+
+
+@dataclass
+class RosterChange:
+    added: list[str]
+    removed: list[str]
+    changed: list[str]
+    unchanged: int
+
+
+@dataclass(frozen=True)
+class AllowanceState:
+    """What a student may spend from a course now."""
+
+    course: str
+    user: str
+    #: the allowance per period (None: the course set none)
+    amount_micros: int | None
+    period: str
+    #: the allowance wallet's balance, as it will be once settled now
+    left_micros: int
+    expires_at: int | None
+    expired: bool
+
+
+def check_choices(choices: Iterable[str]) -> list[str]:
+    """Course profile choices as written ("debug", "a800", "rtx4090:1"), checked for form
+    (the catalog checks the profiles exist); LedgerError says what is wrong."""
+    result = []
+    for choice in choices:
+        slug, sep, count = choice.strip().lower().partition(":")
+        if not slug or len(slug) > 32 or not USER_NAME.match(slug):
+            raise LedgerError(f"{choice[:40]!r}: a choice is a profile, or PROFILE:GPUS")
+        if sep and (not count.isdigit() or not 0 < int(count) <= 64):
+            raise LedgerError(f"{choice[:40]!r}: the GPU count is a whole number from 1")
+        result.append(f"{slug}:{int(count)}" if sep else slug)
+    return list(dict.fromkeys(result))
+
+
+def allows(profiles: str, profile: str, gpus: int) -> bool:
+    """Whether a course's choices ("" for any) include this profile and GPU count."""
+    choices = profiles.split()
+    return not choices or profile in choices or f"{profile}:{gpus}" in choices
+
+
+class Courses:
+    if TYPE_CHECKING:
+        # Postings provides these; Ledger puts them together
+        clock: Callable[[], int]
+        currency: str
+
+        @contextmanager
+        def begin(self) -> Iterator[Session]: ...
+        def _wallet(
+            self, db: Session, owner: str | WalletRef, lock: bool = False
+        ) -> Wallet | None: ...
+        def _post(
+            self,
+            db: Session,
+            wallet: Wallet,
+            kind: str,
+            amount: int,
+            key: str,
+            actor: str,
+            note: str = "",
+            **fields,
+        ) -> EntryRow: ...
+
+    # ------------------------------------------------------------------ the registry
+
+    def create_course(
+        self,
+        name: str,
+        actor: str,
+        instructors: Sequence[str] = (),
+        tas: Sequence[str] = (),
+        timezone: str = "UTC",
+    ) -> CourseSettings:
+        """A course with an empty wallet and its staff; refused when a group or course of
+        that name exists."""
+        from .groups import check_group_name
+
+        name = check_group_name(name)
+        labwindows.zone(timezone)
+        for user in (*instructors, *tas):
+            _check_user(user)
+        now = self.clock()
+        with self.begin() as db:
+            if group_settings(db, name) is not None:
+                raise LedgerError(f"a group or course named {name!r} exists already")
+            db.add(
+                GroupSettings(
+                    name=name,
+                    kind="course",
+                    default_for_members=False,
+                    created_by=actor,
+                    created_at=now,
+                )
+            )
+            course = CourseSettings(
+                name=name,
+                allowance_period="total",
+                profiles="",
+                windows="",
+                timezone=timezone,
+                debug_outside_windows=True,
+                at_window_end="stop",
+            )
+            db.add(course)
+            db.add(
+                Wallet(
+                    owner_kind="course",
+                    owner_name=name,
+                    currency=self.currency,
+                    balance_micros=0,
+                    created_at=now,
+                )
+            )
+            staff = {**{u: "ta" for u in tas}, **{u: "instructor" for u in instructors}}
+            for user, role in staff.items():
+                db.add(CourseMember(course_name=name, user_name=user, role=role, added_at=now))
+            db.flush()
+            return course
+
+    def course(self, name: str) -> CourseSettings | None:
+        with self.begin() as db:
+            return _course(db, fold(name))
+
+    def courses(self) -> list[CourseSettings]:
+        with self.begin() as db:
+            return list(db.scalars(select(CourseSettings).order_by(CourseSettings.name)))
+
+    def _require_course(self, db: Session, name: str) -> CourseSettings:
+        course = _course(db, fold(name))
+        if course is None:
+            raise UnknownWallet(f"There is no course {name[:64]!r}")
+        return course
+
+    def import_roster(self, name: str, lines: Sequence[RosterLine], actor: str) -> RosterChange:
+        """Make the course's students exactly the file's; add or update the TAs and
+        instructors it names (staff it does not name stay). Idempotent: the same file again
+        changes nothing."""
+        seen: dict[str, RosterLine] = {}
+        for line in lines:
+            _check_user(line.user)
+            if line.role not in COURSE_ROLES:
+                raise LedgerError(
+                    f"{line.user}: role {line.role[:20]!r} is not one of {', '.join(COURSE_ROLES)}"
+                )
+            if line.user in seen and seen[line.user] != line:
+                raise LedgerError(f"{line.user} is in the roster twice, differently")
+            seen[line.user] = line
+        now = self.clock()
+        added, removed, changed = [], [], []
+        unchanged = 0
+        with self.begin() as db:
+            course = self._require_course(db, name)
+            current = {
+                m.user_name: m
+                for m in db.scalars(
+                    select(CourseMember).where(CourseMember.course_name == course.name)
+                )
+            }
+            for user, line in seen.items():
+                member = current.get(user)
+                if member is None:
+                    db.add(
+                        CourseMember(
+                            course_name=course.name,
+                            user_name=user,
+                            role=line.role,
+                            full_name=line.full_name,
+                            email=line.email,
+                            added_at=now,
+                        )
+                    )
+                    added.append(user)
+                elif (member.role, member.full_name, member.email) != (
+                    line.role,
+                    line.full_name,
+                    line.email,
+                ):
+                    member.role, member.full_name, member.email = (
+                        line.role,
+                        line.full_name,
+                        line.email,
+                    )
+                    changed.append(user)
+                else:
+                    unchanged += 1
+            for user, member in current.items():
+                if user not in seen and member.role == "student":
+                    db.delete(member)
+                    removed.append(user)
+        return RosterChange(sorted(added), sorted(removed), sorted(changed), unchanged)
+
+    def set_course_staff(self, name: str, user: str, role: str | None) -> None:
+        """Make `user` an instructor or TA of the course (None: off its roster)."""
+        _check_user(user)
+        if role is not None and role not in COURSE_ROLES:
+            raise LedgerError(f"role: one of {', '.join(COURSE_ROLES)}")
+        with self.begin() as db:
+            course = self._require_course(db, name)
+            member = _member(db, course.name, user)
+            if role is None:
+                if member is not None:
+                    db.delete(member)
+                return
+            if member is None:
+                db.add(
+                    CourseMember(
+                        course_name=course.name, user_name=user, role=role, added_at=self.clock()
+                    )
+                )
+            else:
+                member.role = role
+
+    def course_member(self, name: str, user: str) -> CourseMember | None:
+        with self.begin() as db:
+            return _member(db, fold(name), user)
+
+    def roster(self, name: str) -> list[CourseMember]:
+        with self.begin() as db:
+            course = self._require_course(db, name)
+            return list(
+                db.scalars(
+                    select(CourseMember)
+                    .where(CourseMember.course_name == course.name)
+                    .order_by(CourseMember.user_name)
+                )
+            )
+
+    def course_rosters(self) -> dict[str, dict[str, list[str]]]:
+        """{course: {role: [users]}} of every course (the hub mirrors it)."""
+        result: dict[str, dict[str, list[str]]] = {}
+        with self.begin() as db:
+            for name in db.scalars(select(CourseSettings.name).order_by(CourseSettings.name)):
+                result[name] = {role: [] for role in COURSE_ROLES}
+            for course, user, role in db.execute(
+                select(
+                    CourseMember.course_name, CourseMember.user_name, CourseMember.role
+                ).order_by(CourseMember.user_name)
+            ):
+                result.setdefault(course, {r: [] for r in COURSE_ROLES})[role].append(user)
+        return result
+
+    def student_courses(self, user: str) -> list[str]:
+        """The courses `user` is a student of."""
+        with self.begin() as db:
+            return list(
+                db.scalars(
+                    select(CourseMember.course_name)
+                    .where(CourseMember.user_name == user, CourseMember.role == "student")
+                    .order_by(CourseMember.course_name)
+                )
+            )
+
+    # ------------------------------------------------------------------ settings
+
+    def set_allowance(
+        self,
+        name: str,
+        amount_micros: int | None,
+        period: str,
+        expires_at: int | None,
+    ) -> CourseSettings:
+        """Each student's allowance per period; a raised one applies at the next settle,
+        a lowered one from the next period. None removes it (no one pays from the course)."""
+        if period not in CAP_PERIODS:
+            raise LedgerError(f"--per: one of {', '.join(CAP_PERIODS)}, not {period!r}")
+        if amount_micros is not None and amount_micros <= 0:
+            raise LedgerError("an allowance is positive (`none` removes it)")
+        with self.begin() as db:
+            course = self._require_course(db, name)
+            course.allowance_micros = amount_micros
+            course.allowance_period = period
+            course.expires_at = expires_at
+            db.flush()
+            return course
+
+    def set_course_profiles(self, name: str, choices: Sequence[str]) -> CourseSettings:
+        """The profile choices the course pays for (none: any the student may start)."""
+        checked = check_choices(choices)
+        with self.begin() as db:
+            course = self._require_course(db, name)
+            course.profiles = " ".join(checked)
+            db.flush()
+            return course
+
+    def set_course_windows(
+        self,
+        name: str,
+        add: Sequence[str] = (),
+        clear: bool = False,
+        timezone: str | None = None,
+    ) -> CourseSettings:
+        """Add lab windows (stored lines, labwindows.weekly/once), after clearing them all
+        when `clear`; set the course's time zone."""
+        if timezone is not None:
+            labwindows.zone(timezone)
+        with self.begin() as db:
+            course = self._require_course(db, name)
+            lines = [] if clear else [w for w in course.windows.splitlines() if w]
+            course.windows = "\n".join(dict.fromkeys([*lines, *add]))
+            if timezone is not None:
+                course.timezone = timezone
+            db.flush()
+            return course
+
+    def set_course_options(
+        self,
+        name: str,
+        debug_outside_windows: bool | None = None,
+        at_window_end: str | None = None,
+    ) -> CourseSettings:
+        if at_window_end is not None and at_window_end not in AT_WINDOW_END:
+            raise LedgerError(f"at window end: one of {', '.join(AT_WINDOW_END)}")
+        with self.begin() as db:
+            course = self._require_course(db, name)
+            if debug_outside_windows is not None:
+                course.debug_outside_windows = debug_outside_windows
+            if at_window_end is not None:
+                course.at_window_end = at_window_end
+            db.flush()
+            return course
+
+    # ------------------------------------------------------------------ allowances
+
+    def _allowance_wallet(self, db: Session, course: str, user: str) -> Wallet:
+        """The student's allowance wallet, locked; made (empty) the first time."""
+        ref = allowance_ref(course, user)
+        wallet = self._wallet(db, ref, lock=True)
+        if wallet is None:
+            wallet = Wallet(
+                owner_kind=ref.kind,
+                owner_name=ref.name,
+                currency=self.currency,
+                balance_micros=0,
+                created_at=self.clock(),
+            )
+            db.add(wallet)
+            db.flush()
+        return wallet
+
+    def _move(
+        self,
+        db: Session,
+        course_wallet: Wallet,
+        allowance: Wallet,
+        amount: int,
+        key: str,
+        note: str,
+        period_start: int | None = None,
+    ) -> None:
+        """`amount` from the course to the allowance (negative: back), as a pair of entries."""
+        fields = {"window_start": period_start}
+        self._post(db, course_wallet, "allowance", -amount, f"{key}:course", SYSTEM, note, **fields)
+        self._post(db, allowance, "allowance", amount, f"{key}:student", SYSTEM, note, **fields)
+
+    def _settle_allowance(
+        self, db: Session, course: CourseSettings, user: str, now: int
+    ) -> tuple[Wallet, Wallet]:
+        """Lock the course's wallet, then the student's allowance, and bring the allowance
+        to what it should hold now: renewed for this period (as far as the course's credit
+        goes), or emptied back into the course once expired. Returns (course, allowance)."""
+        course_wallet = self._wallet(db, WalletRef("course", course.name), lock=True)
+        assert course_wallet is not None  # made with the course, in one transaction
+        allowance = self._allowance_wallet(db, course.name, user)
+        base = f"allowance:{course.name}/{user}"
+        if course.expires_at is not None and now >= course.expires_at:
+            key = f"{base}:expired:{course.expires_at}"
+            done = db.scalar(select(Entry.id).where(Entry.key == f"{key}:student"))
+            if done is None and allowance.balance_micros != 0:
+                self._move(
+                    db,
+                    course_wallet,
+                    allowance,
+                    -allowance.balance_micros,
+                    key,
+                    "allowance expired: what was left returns to the course",
+                )
+            return course_wallet, allowance
+        if course.allowance_micros is None:
+            return course_wallet, allowance
+        start = period_start(course.allowance_period, now)
+        moves = _period_moves(db, allowance.id, start)
+        amount = _due(course.allowance_micros, allowance.balance_micros, moves, course_wallet)
+        if amount:
+            self._move(
+                db,
+                course_wallet,
+                allowance,
+                amount,
+                f"{base}:{start}:{len(moves)}",
+                f"allowance for the {course.allowance_period}"
+                if course.allowance_period != "total"
+                else "allowance",
+                period_start=start,
+            )
+        return course_wallet, allowance
+
+    def _course_payer(self, db: Session, name: str, user: str, now: int) -> Wallet:
+        """The allowance a student's spawn pays from, settled and locked (open_session; the
+        hub has checked they are a student of the course). InsufficientCredit says why
+        when it cannot pay."""
+        course = _course(db, name)
+        if course is None:
+            raise UnknownWallet(f"There is no course {name[:64]!r}")
+        if course.expires_at is not None and now >= course.expires_at:
+            when = datetime.datetime.fromtimestamp(course.expires_at, datetime.UTC)
+            raise InsufficientCredit(
+                f"Your allowance from {course.name} ended on {when:%Y-%m-%d %H:%M} UTC."
+                " Pay from your own wallet."
+            )
+        if course.allowance_micros is None:
+            raise InsufficientCredit(
+                f"{course.name} has no allowance for its students yet. Ask your instructor,"
+                " or pay from your own wallet."
+            )
+        _course_wallet, allowance = self._settle_allowance(db, course, user, now)
+        return allowance
+
+    def settle_allowance(self, name: str, user: str, now: int | None = None) -> int:
+        """Settle one student's allowance now; returns its balance."""
+        now = self.clock() if now is None else now
+        with self.begin() as db:
+            course = self._require_course(db, name)
+            _course_wallet, allowance = self._settle_allowance(db, course, user, now)
+            return allowance.balance_micros
+
+    def settle_allowances(self, now: int | None = None) -> dict[int, int]:
+        """The meter's pass over allowances: renew those paying for open sessions whose
+        period has turned (and top up any the course could not fill before), and return
+        what is left of expired courses' allowances. One transaction per course; returns
+        {allowance wallet id: balance} of those settled."""
+        now = self.clock() if now is None else now
+        settled: dict[int, int] = {}
+        for course in self.courses():
+            expired = course.expires_at is not None and now >= course.expires_at
+            if course.allowance_micros is None and not expired:
+                continue
+            prefix = f"{course.name}/"
+            with self.begin() as db:
+                W = Wallet
+                owners = select(W.owner_name).where(
+                    W.owner_kind == "allowance", W.owner_name.startswith(prefix, autoescape=True)
+                )
+                if expired:
+                    owners = owners.where(W.balance_micros != 0)
+                else:
+                    owners = owners.where(
+                        W.id.in_(
+                            select(MeteredSession.wallet_id).where(
+                                MeteredSession.stopped_at.is_(None)
+                            )
+                        )
+                    )
+                users = [owner[len(prefix) :] for owner in db.scalars(owners.order_by(W.id))]
+                if not users:
+                    continue
+                locked = self._require_course(db, course.name)
+                for user in users:
+                    _course_wallet, allowance = self._settle_allowance(db, locked, user, now)
+                    settled[allowance.id] = allowance.balance_micros
+        return settled
+
+    def allowance_state(self, name: str, user: str, now: int | None = None) -> AllowanceState:
+        """What `user` has to spend from the course now, as a settle now would leave it
+        (read only: nothing is moved)."""
+        now = self.clock() if now is None else now
+        with self.begin() as db:
+            course = self._require_course(db, name)
+            allowance = self._wallet(db, allowance_ref(course.name, user))
+            course_wallet = self._wallet(db, WalletRef("course", course.name))
+            assert course_wallet is not None
+            balance = 0 if allowance is None else allowance.balance_micros
+            expired = course.expires_at is not None and now >= course.expires_at
+            left = balance
+            if expired:
+                left = min(0, balance)  # what is left goes back to the course
+            elif course.allowance_micros is not None:
+                start = period_start(course.allowance_period, now)
+                moves = [] if allowance is None else _period_moves(db, allowance.id, start)
+                left += _due(course.allowance_micros, balance, moves, course_wallet)
+            return AllowanceState(
+                course=course.name,
+                user=user,
+                amount_micros=course.allowance_micros,
+                period=course.allowance_period,
+                left_micros=left,
+                expires_at=course.expires_at,
+                expired=expired,
+            )
+
+    def default_course(self, user: str, profile: str, gpus: int, now: int | None = None) -> str:
+        """The course a student's spawn pays from when they name no wallet: the first (by
+        name) they are a student of whose allowance has something left and which pays for
+        this choice now; "" when none."""
+        now = self.clock() if now is None else now
+        for name in self.student_courses(user):
+            course = self.course(name)
+            if course is None or course.allowance_micros is None:
+                continue
+            if course_refusal(course, profile, gpus, now):
+                continue
+            state = self.allowance_state(name, user, now)
+            if not state.expired and state.left_micros > 0:
+                return name
+        return ""
+
+    def course_balance(self, name: str) -> int:
+        with self.begin() as db:
+            course = self._require_course(db, name)
+            wallet = self._wallet(db, WalletRef("course", course.name))
+            assert wallet is not None
+            return wallet.balance_micros
+
+    def allowances_total(self, name: str) -> int:
+        """What the course's students hold in their allowances now."""
+        with self.begin() as db:
+            course = self._require_course(db, name)
+            return int(
+                db.scalar(
+                    select(func.coalesce(func.sum(Wallet.balance_micros), 0)).where(
+                        Wallet.owner_kind == "allowance",
+                        Wallet.owner_name.startswith(f"{course.name}/", autoescape=True),
+                    )
+                )
+                or 0
+            )
+
+
+def _period_moves(db: Session, allowance_id: int, start: int) -> list[EntryRow]:
+    """The allowance's moves of the period starting at `start`, oldest first."""
+    return list(
+        db.scalars(
+            select(Entry)
+            .where(
+                Entry.wallet_id == allowance_id,
+                Entry.kind == "allowance",
+                Entry.window_start == start,
+            )
+            .order_by(Entry.id)
+        )
+    )
+
+
+def _due(allowance: int, balance: int, moves: list[EntryRow], course_wallet: Wallet) -> int:
+    """What to move into an allowance now: what makes it the period's allowance (from its
+    balance when the period's first move was made), as far as the course's credit goes; a
+    lowered allowance returns its excess at the period's first move only."""
+    opening = balance if not moves else moves[0].balance_after_micros - moves[0].amount_micros
+    owed = allowance - opening - sum(m.amount_micros for m in moves)
+    if owed < 0 and not moves:
+        return owed
+    if owed > 0:
+        return min(owed, max(0, course_wallet.balance_micros))
+    return 0
+
+
+def course_refusal(course: CourseSettings, profile: str, gpus: int, now: int) -> str:
+    """Why the course does not pay for this choice now ("" when it does): a profile it does
+    not pay for, or a GPU (or, if the course says so, debug mode) outside its lab windows."""
+    if not allows(course.profiles, profile, gpus):
+        return (
+            f"{course.name} pays for {', '.join(course.profiles.split())} only; pay from your"
+            f" own wallet to start {profile if not gpus else f'{gpus}x {profile}'}."
+        )
+    lines = course.windows.splitlines()
+    if not lines or (gpus == 0 and course.debug_outside_windows):
+        return ""
+    if labwindows.current(lines, course.timezone, now) is not None:
+        return ""
+    when = lab_phrase(course, now)
+    what = "GPUs" if gpus else "servers"
+    return (
+        f"{course.name} pays for {what} during its lab hours only ({when})."
+        + (" Debug mode is open at any time." if course.debug_outside_windows else "")
+        + " Or pay from your own wallet."
+    )
+
+
+def lab_phrase(course: CourseSettings, now: int) -> str:
+    """ "lab now, until 16:00 CST", "next lab: Tue 14:00 CST" or "no lab scheduled"."""
+    lines = course.windows.splitlines()
+    current = labwindows.current(lines, course.timezone, now)
+    if current is not None:
+        return f"lab now, until {labwindows.phrase(current[1], course.timezone, now)}"
+    upcoming = labwindows.upcoming(lines, course.timezone, now)
+    if upcoming is None:
+        return "no lab scheduled"
+    return f"next lab: {labwindows.phrase(upcoming[0], course.timezone, now)}"
+
+
+def _course(db: Session, name: str) -> CourseSettings | None:
+    return db.scalars(select(CourseSettings).where(CourseSettings.name == name)).first()
+
+
+def _member(db: Session, course: str, user: str) -> CourseMember | None:
+    return db.scalars(
+        select(CourseMember).where(
+            CourseMember.course_name == course, CourseMember.user_name == user
+        )
+    ).first()
+
+
+def _check_user(user: str) -> None:
+    if not isinstance(user, str) or not USER_NAME.match(user):
+        raise LedgerError(f"invalid user name {str(user)[:64]!r}")

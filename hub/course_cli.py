@@ -1,0 +1,295 @@
+"""`meterhub course …`: course labs from the command line (a hub admin's tool).
+
+The roster is the ledger's (students may have no account yet); the hub mirrors its students
+into the JupyterHub group of the course's name and gives its staff their roles, in its own
+process, within `groups.sync_interval_seconds` (hub/group_sync.py).
+"""
+
+from __future__ import annotations
+
+import csv
+import datetime
+import io
+
+from meterhub.billing_hooks import actions, labwindows
+from meterhub.billing_hooks.courses import RosterLine, lab_phrase
+from meterhub.billing_hooks.ledger import LedgerError
+from meterhub.billing_hooks.money import format_money
+from meterhub.billing_hooks.orm import AT_WINDOW_END, CAP_PERIODS, COURSE_ROLES
+from meterhub.billing_hooks.wallets import period_phrase
+
+from .billing_cli import CliError, cli_actor, load_settings
+from .group_cli import _applied
+
+#: a roster file's size, and its lines
+MAX_ROSTER_BYTES = 2 * 1024 * 1024
+MAX_ROSTER_LINES = 20_000
+
+
+def _course(ledger, name: str):
+    course = ledger.course(name)
+    if course is None:
+        raise CliError(f"no course {name!r}: create it with `meterhub course create {name}`")
+    return course
+
+
+def _ledger_call(call, *args, **kwargs):
+    try:
+        return call(*args, **kwargs)
+    except (LedgerError, labwindows.WindowError) as e:
+        raise CliError(str(e)) from None
+
+
+def course_create(args) -> int:
+    c, settings = load_settings(args)
+    ledger = settings.ledger()
+    made = _ledger_call(
+        ledger.create_course,
+        args.name,
+        cli_actor(),
+        args.instructor or (),
+        args.ta or (),
+        args.tz,
+    )
+    staff = [f"{u} (instructor)" for u in args.instructor or ()]
+    staff += [f"{u} (TA)" for u in args.ta or ()]
+    print(
+        f"created course {made.name} (wallet course:{made.name}; time zone {made.timezone};"
+        f" staff: {', '.join(staff) or 'none'}); {_applied(c)}"
+    )
+    return 0
+
+
+def read_roster(text: str) -> list[RosterLine]:
+    """A roster CSV: a header with `username` and optionally `name`, `email`, `role`;
+    CliError names the line of the first problem."""
+    reader = csv.DictReader(io.StringIO(text))
+    fields = [f.strip().lower() for f in reader.fieldnames or ()]
+    if "username" not in fields:
+        raise CliError("the roster's first line names its columns: username[,name,email,role]")
+    reader.fieldnames = fields
+    lines = []
+    for number, row in enumerate(reader, start=2):
+        if number > MAX_ROSTER_LINES:
+            raise CliError(f"a roster has at most {MAX_ROSTER_LINES} lines")
+        if None in row:
+            raise CliError(f"line {number}: more fields than the header names")
+        user = (row.get("username") or "").strip().lower()
+        if not user:
+            raise CliError(f"line {number}: no username")
+        role = (row.get("role") or "student").strip().lower() or "student"
+        if role not in COURSE_ROLES:
+            raise CliError(
+                f"line {number}: role {role[:20]!r} is not one of {', '.join(COURSE_ROLES)}"
+            )
+        full_name = (row.get("name") or "").strip()[:200]
+        email = (row.get("email") or "").strip()[:200]
+        lines.append(RosterLine(user, role, full_name, email))
+    return lines
+
+
+def course_roster(args) -> int:
+    c, settings = load_settings(args)
+    ledger = settings.ledger()
+    course = _course(ledger, args.name)
+    try:
+        with open(args.file, "rb") as f:
+            raw = f.read(MAX_ROSTER_BYTES + 1)
+    except OSError as e:
+        raise CliError(f"cannot read {args.file}: {e.strerror}") from None
+    if len(raw) > MAX_ROSTER_BYTES:
+        raise CliError(f"{args.file} is over {MAX_ROSTER_BYTES // 1024 // 1024} MiB")
+    try:
+        text = raw.decode("utf-8-sig")
+    except UnicodeDecodeError:
+        raise CliError(f"{args.file} is not UTF-8 text") from None
+    change = _ledger_call(ledger.import_roster, course.name, read_roster(text), cli_actor())
+    print(
+        f"{course.name}: {len(change.added)} added, {len(change.removed)} removed,"
+        f" {len(change.changed)} changed, {change.unchanged} unchanged"
+    )
+    for label, users in (("added", change.added), ("removed", change.removed)):
+        if users:
+            print(f"  {label}: {', '.join(users)}")
+    print(f"students join the hub group {course.name} when they have an account; {_applied(c)}")
+    return 0
+
+
+def course_allowance(args) -> int:
+    _c, settings = load_settings(args)
+    ledger = settings.ledger()
+    course = _course(ledger, args.name)
+    micros = None
+    if args.amount != "none":
+        try:
+            micros = actions.limit_amount(args.amount)
+        except actions.ActionError as e:
+            raise CliError(e.message) from None
+    expires = None
+    if args.expires:
+        try:
+            day = datetime.date.fromisoformat(args.expires)
+        except ValueError:
+            raise CliError(
+                "--expires: a date, YYYY-MM-DD (the last day of the allowance)"
+            ) from None
+        tz = labwindows.zone(course.timezone)
+        end = datetime.datetime.combine(day + datetime.timedelta(days=1), datetime.time(0), tz)
+        expires = int(end.timestamp())
+    _ledger_call(ledger.set_allowance, course.name, micros, args.per, expires)
+    if micros is None:
+        print(f"{course.name}: no allowance; students cannot pay from the course")
+        return 0
+    period = "" if args.per == "total" else f" {period_phrase(args.per).replace('this ', 'each ')}"
+    until = f", until the end of {args.expires} ({course.timezone})" if args.expires else ""
+    print(
+        f"{course.name}: each student may spend {format_money(micros, ledger.currency, symbol=False)}"
+        f"{period}{until}, carved from the course wallet"
+    )
+    return 0
+
+
+def course_profiles(args) -> int:
+    c, settings = load_settings(args)
+    ledger = settings.ledger()
+    course = _course(ledger, args.name)
+    choices = [] if args.choices == ["any"] else args.choices
+    from meterhub.spawner.catalog import Catalog
+
+    profiles = Catalog(config=c).profiles()
+    for choice in choices:
+        slug, _, count = choice.lower().partition(":")
+        if slug not in profiles:
+            raise CliError(f"no profile {slug[:32]!r} in the catalog: one of {', '.join(profiles)}")
+        if count and profiles[slug].is_debug:
+            raise CliError(f"{slug} has no GPUs: write it without a count")
+        if count.isdigit() and int(count) not in profiles[slug].counts:
+            counts = ", ".join(str(n) for n in profiles[slug].counts)
+            raise CliError(f"{slug} starts with {counts} GPUs, not {count}")
+    updated = _ledger_call(ledger.set_course_profiles, course.name, choices)
+    print(f"{course.name} pays for: {', '.join(updated.profiles.split()) or 'any profile'}")
+    return 0
+
+
+def course_window(args) -> int:
+    _c, settings = load_settings(args)
+    ledger = settings.ledger()
+    course = _course(ledger, args.name)
+    if not (args.weekly or args.on or args.clear or args.tz):
+        raise CliError("say what to change: --weekly, --on, --clear or --tz")
+    try:
+        lines = [labwindows.weekly(w) for w in args.weekly or ()]
+        lines += [labwindows.once(w) for w in args.on or ()]
+    except labwindows.WindowError as e:
+        raise CliError(str(e)) from None
+    updated = _ledger_call(
+        ledger.set_course_windows, course.name, lines, clear=args.clear, timezone=args.tz
+    )
+    shown = "; ".join(w for w in updated.windows.splitlines()) or "none (GPUs at any time)"
+    print(f"{course.name} lab windows ({updated.timezone}): {shown}")
+    if updated.windows:
+        print(f"  {lab_phrase(updated, ledger.clock())}")
+    return 0
+
+
+def course_set(args) -> int:
+    _c, settings = load_settings(args)
+    ledger = settings.ledger()
+    course = _course(ledger, args.name)
+    debug = None if args.debug_outside_windows is None else args.debug_outside_windows == "yes"
+    updated = _ledger_call(
+        ledger.set_course_options,
+        course.name,
+        debug_outside_windows=debug,
+        at_window_end=args.at_window_end,
+    )
+    print(
+        f"{course.name}: debug mode outside lab windows"
+        f" {'yes' if updated.debug_outside_windows else 'no'}, at a window's end"
+        f" {updated.at_window_end}"
+    )
+    return 0
+
+
+def course_show(args) -> int:
+    _c, settings = load_settings(args)
+    ledger = settings.ledger()
+    course = _course(ledger, args.name)
+
+    def money(micros: int) -> str:
+        return format_money(micros, ledger.currency, symbol=False)
+
+    print(
+        f"course:{course.name}  balance {money(ledger.course_balance(course.name))}"
+        f"  in allowances {money(ledger.allowances_total(course.name))}"
+    )
+    if course.allowance_micros is None:
+        print("allowance: none")
+    else:
+        expires = ""
+        if course.expires_at is not None:
+            end = datetime.datetime.fromtimestamp(
+                course.expires_at, labwindows.zone(course.timezone)
+            )
+            expires = f", ends {end:%Y-%m-%d %H:%M %Z}"
+        print(f"allowance: {money(course.allowance_micros)} per {course.allowance_period}{expires}")
+    print(f"pays for: {', '.join(course.profiles.split()) or 'any profile'}")
+    windows = "; ".join(course.windows.splitlines())
+    print(f"lab windows ({course.timezone}): {windows or 'none (GPUs at any time)'}")
+    if windows:
+        print(f"  {lab_phrase(course, ledger.clock())}")
+    now = ledger.clock()
+    for member in ledger.roster(course.name):
+        line = f"  {member.user_name:<20} {member.role:<10}"
+        if member.role == "student":
+            state = ledger.allowance_state(course.name, member.user_name, now)
+            line += f" left {money(state.left_micros)}"
+        print(line)
+    return 0
+
+
+def add_commands(commands) -> None:
+    course = commands.add_parser(
+        "course", help="course labs: roster, allowances, allowed profiles, lab windows"
+    ).add_subparsers(dest="action", required=True)
+    create = course.add_parser("create", help="create a course with an empty wallet")
+    create.add_argument("name", help="lower-case letters, digits, . _ -")
+    create.add_argument("--instructor", action="append", metavar="USER", help="repeatable")
+    create.add_argument("--ta", action="append", metavar="USER", help="repeatable")
+    create.add_argument("--tz", default="UTC", help="the course's time zone (default: UTC)")
+    create.set_defaults(func=course_create)
+    roster = course.add_parser(
+        "roster", help="import the roster: a CSV with username[,name,email,role]"
+    )
+    roster.add_argument("name")
+    roster.add_argument("file", metavar="FILE.csv")
+    roster.set_defaults(func=course_roster)
+    allowance = course.add_parser("allowance", help="each student's allowance from the course")
+    allowance.add_argument("name")
+    allowance.add_argument("amount", help="e.g. 30.00; `none` removes it")
+    allowance.add_argument("--per", choices=CAP_PERIODS, required=True)
+    allowance.add_argument("--expires", metavar="YYYY-MM-DD", help="its last day (course zone)")
+    allowance.set_defaults(func=course_allowance)
+    profiles = course.add_parser(
+        "profiles", help="what the course pays for, e.g. debug rtx4090:1; `any` for any"
+    )
+    profiles.add_argument("name")
+    profiles.add_argument("choices", nargs="+", metavar="CHOICE")
+    profiles.set_defaults(func=course_profiles)
+    window = course.add_parser("window", help="lab windows: GPUs paid by the course only then")
+    window.add_argument("name")
+    window.add_argument("--weekly", action="append", metavar='"Tue 14:00-16:00"')
+    window.add_argument("--on", action="append", metavar="2027-01-12T14:00/16:00")
+    window.add_argument("--clear", action="store_true", help="remove every window first")
+    window.add_argument("--tz", help="the course's time zone, e.g. Asia/Shanghai")
+    window.set_defaults(func=course_window)
+    options = course.add_parser("set", help="the course's settings")
+    options.add_argument("name")
+    options.add_argument("--debug-outside-windows", choices=("yes", "no"))
+    options.add_argument("--at-window-end", choices=AT_WINDOW_END)
+    options.set_defaults(func=course_set)
+    show = course.add_parser("show", help="wallet, allowance, profiles, windows and roster")
+    show.add_argument("name")
+    show.set_defaults(func=course_show)
+    for parser in course.choices.values():
+        parser.add_argument("--config", help="site config (YAML); default: the embedded default")
