@@ -33,7 +33,8 @@ from tornado import web
 from meterhub.spawner.catalog import PASS_PERIODS
 
 from . import actions
-from .groups import month_bounds, runway_phrase
+from .courses import lab_phrase
+from .groups import month_bounds, runway, runway_phrase
 from .ledger import Ledger
 from .money import (
     AmountError,
@@ -44,7 +45,7 @@ from .money import (
     seconds_covered,
 )
 from .orm import Entry, MeteredSession
-from .scopes import administers, is_billing_admin, may_spend
+from .scopes import administers, instructs, is_billing_admin, may_spend, teaches
 from .settings import priced_catalog
 from .wallets import GROUP_NAME, fold
 
@@ -64,6 +65,7 @@ SPEND = "spend"  # the owner with custom:meterhub:spend, or a billing admin
 ADMIN = "admin"  # a billing admin: custom:meterhub:admin or admin:users
 MEMBER = "member"  # a member of the group (their token may read their groups), or GROUP_ADMIN
 GROUP_ADMIN = "group-admin"  # custom:meterhub:group-admin!group=NAME, or a billing admin
+COURSE_STAFF = "course-staff"  # custom:meterhub:course-staff!group=NAME, or a billing admin
 
 OPENAPI_PATH = Path(__file__).with_name("openapi.yaml")
 
@@ -352,6 +354,22 @@ class BillingHandler(HubOAuthenticated, web.RequestHandler):
             view = await asyncio.to_thread(self.ledger.group_view, name, members)
             members = sorted({*members, *(s.user_name for s, _cost in view.running)})
         return name, members
+
+    async def authorize_course(self, course: str) -> str:
+        """Apply a course route's rule (COURSE_STAFF: its TAs and instructors, from the
+        token's scopes, or a billing admin); the course's name, lower case. 404 for a course
+        the ledger does not have, once the caller may know."""
+        name = fold(course)
+        if not (GROUP_NAME.match(name) and teaches(self.scopes, name)):
+            raise web.HTTPError(
+                403,
+                "This needs custom:meterhub:course-staff!group=%s (the course's TAs and"
+                " instructors) or a billing admin's scope on the token",
+                name[:64],
+            )
+        if await asyncio.to_thread(self.ledger.course, name) is None:
+            raise web.HTTPError(404, "No course %s", name[:64])
+        return name
 
     def body(self) -> dict:
         """The JSON body, validated against the route's schema in openapi.yaml."""
@@ -784,6 +802,81 @@ class GroupCapHandler(BillingHandler):
         )
 
 
+def course_json(view, currency: str, signed_up: Sequence[str], instructor: bool, now: int) -> dict:
+    """A course as its console and the API show it: the wallet, the settings, and each
+    person on the roster with what they run, spend and have left."""
+    course = view.course
+    signed = set(signed_up)
+    now_lab = lab_phrase(course, now) if course.windows else ""
+    return {
+        "course": course.name,
+        "wallet": f"course:{course.name}",
+        "currency": currency,
+        "balance": _money(view.balance_micros),
+        "in_allowances": _money(view.in_allowances_micros),
+        "runway": runway_phrase(runway(view.balance_micros, view.burn_micros)),
+        "allowance": None
+        if course.allowance_micros is None
+        else {
+            "amount": _money(course.allowance_micros),
+            "per": course.allowance_period,
+            "expires": _time(course.expires_at),
+        },
+        "profiles": course.profiles.split(),
+        "timezone": course.timezone,
+        "windows": course.windows.splitlines(),
+        "lab": now_lab,
+        "debug_outside_windows": course.debug_outside_windows,
+        "at_window_end": course.at_window_end,
+        "roster": [
+            {
+                "name": r.user,
+                "role": r.role,
+                "full_name": r.full_name,
+                "email": r.email,
+                "signed_up": r.role != "student" or r.user in signed,
+                "running": [
+                    {
+                        "id": s.id,
+                        "server": s.server_name,
+                        "profile": s.profile,
+                        "gpus": s.gpus,
+                        "rate_per_hour": _money(s.rate_micros_per_hour),
+                        "cost": _money(cost),
+                    }
+                    for s, cost in r.running
+                ],
+                "spent": _money(r.spent_micros),
+                "left": None if r.left_micros is None else _money(r.left_micros),
+                "last_active": _time(r.last_active),
+            }
+            for r in view.roster
+        ],
+        "instructor": instructor,
+    }
+
+
+class CourseHandler(BillingHandler):
+    """A course's console data, for its TAs and instructors."""
+
+    fresh_auth = True
+    access = {"GET": COURSE_STAFF}
+
+    async def get(self, course):
+        name = await self.authorize_course(course)
+        view = await asyncio.to_thread(self.ledger.course_view, name)
+        signed_up = await self.settings["group_members"](name) or []
+        self.send(
+            course_json(
+                view,
+                self.ledger.currency,
+                signed_up,
+                instructs(self.scopes, name),
+                self.ledger.clock(),
+            )
+        )
+
+
 class GroupUsageHandler(BillingHandler):
     """The group's statement, as JSON or CSV, for its admins."""
 
@@ -792,6 +885,10 @@ class GroupUsageHandler(BillingHandler):
 
     async def get(self, group):
         name, _members = await self.authorize_group(group)
+        await self.statement(name)
+
+    async def statement(self, name: str) -> None:
+        """What `name`'s wallet (a course's: its allowances) paid for, JSON or CSV."""
         form = self.get_argument("format", "json")
         if form not in ("json", "csv"):
             raise web.HTTPError(400, "format: json or csv")
@@ -829,6 +926,15 @@ class GroupUsageHandler(BillingHandler):
         )
 
 
+class CourseUsageHandler(GroupUsageHandler):
+    """The course's statement: every session its students' allowances paid for."""
+
+    access = {"GET": COURSE_STAFF}
+
+    async def get(self, course):
+        await self.statement(await self.authorize_course(course))
+
+
 #: (path in openapi.yaml, URL pattern under api/v1/, handler): the one table of routes
 ROUTES: list[tuple[str, str, type[BillingHandler]]] = [
     ("/health", "health", HealthHandler),
@@ -848,6 +954,8 @@ ROUTES: list[tuple[str, str, type[BillingHandler]]] = [
     ("/groups/{group}/grants", r"groups/([^/]+)/grants", GroupGrantHandler),
     ("/groups/{group}/caps/{name}", r"groups/([^/]+)/caps/([^/]+)", GroupCapHandler),
     ("/groups/{group}/usage", r"groups/([^/]+)/usage", GroupUsageHandler),
+    ("/courses/{course}", r"courses/([^/]+)", CourseHandler),
+    ("/courses/{course}/usage", r"courses/([^/]+)/usage", CourseUsageHandler),
 ]
 
 

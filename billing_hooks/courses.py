@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import datetime
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from sqlalchemy import func, select
@@ -95,6 +95,34 @@ def allows(profiles: str, profile: str, gpus: int) -> bool:
     """Whether a course's choices ("" for any) include this profile and GPU count."""
     choices = profiles.split()
     return not choices or profile in choices or f"{profile}:{gpus}" in choices
+
+
+@dataclass
+class RosterRow:
+    """One person on a course's roster as its console shows them."""
+
+    user: str
+    role: str
+    full_name: str
+    email: str
+    #: (session, cost so far) of their servers the course pays for now
+    running: list = field(default_factory=list)
+    #: what their allowance paid in its current period
+    spent_micros: int = 0
+    #: what they may still spend from the course (None: staff)
+    left_micros: int | None = None
+    #: when they last ran any server on the hub (epoch seconds; None: never)
+    last_active: int | None = None
+
+
+@dataclass
+class CourseView:
+    course: CourseSettings
+    balance_micros: int
+    in_allowances_micros: int
+    #: net spend of the course's students of the last RUNWAY_DAYS days
+    burn_micros: int
+    roster: list[RosterRow]
 
 
 class Courses:
@@ -529,13 +557,8 @@ class Courses:
             assert course_wallet is not None
             balance = 0 if allowance is None else allowance.balance_micros
             expired = course.expires_at is not None and now >= course.expires_at
-            left = balance
-            if expired:
-                left = min(0, balance)  # what is left goes back to the course
-            elif course.allowance_micros is not None:
-                start = period_start(course.allowance_period, now)
-                moves = [] if allowance is None else _period_moves(db, allowance.id, start)
-                left += _due(course.allowance_micros, balance, moves, course_wallet)
+            allowance_id = None if allowance is None else allowance.id
+            left = self._left(db, course, allowance_id, balance, course_wallet, now)
             return AllowanceState(
                 course=course.name,
                 user=user,
@@ -561,6 +584,106 @@ class Courses:
             if not state.expired and state.left_micros > 0:
                 return name
         return ""
+
+    def course_view(self, name: str, now: int | None = None) -> CourseView:
+        """The console's view: the wallet, and each person on the roster with what they run
+        on the course, spend and have left, and when they were last active."""
+        from .groups import DAY, RUNWAY_DAYS, _session_costs
+
+        now = self.clock() if now is None else now
+        with self.begin() as db:
+            course = self._require_course(db, name)
+            members = list(
+                db.scalars(
+                    select(CourseMember)
+                    .where(CourseMember.course_name == course.name)
+                    .order_by(CourseMember.user_name)
+                )
+            )
+            prefix = f"{course.name}/"
+            wallets = {
+                owner[len(prefix) :]: (wid, balance)
+                for wid, owner, balance in db.execute(
+                    select(Wallet.id, Wallet.owner_name, Wallet.balance_micros).where(
+                        Wallet.owner_kind == "allowance",
+                        Wallet.owner_name.startswith(prefix, autoescape=True),
+                    )
+                )
+            }
+            ids = [wid for wid, _balance in wallets.values()]
+            running = list(
+                db.scalars(
+                    select(MeteredSession)
+                    .where(MeteredSession.wallet_id.in_(ids), MeteredSession.stopped_at.is_(None))
+                    .order_by(MeteredSession.id)
+                )
+            )
+            costs = _session_costs(db, [s.id for s in running])
+            start = period_start(course.allowance_period, now)
+            spent = dict(
+                db.execute(
+                    select(Entry.wallet_id, func.sum(Entry.amount_micros))
+                    .where(
+                        Entry.wallet_id.in_(ids),
+                        Entry.kind.in_(("charge", "refund")),
+                        Entry.created_at >= start,
+                    )
+                    .group_by(Entry.wallet_id)
+                ).all()
+            )
+            burn = db.scalar(
+                select(func.coalesce(func.sum(Entry.amount_micros), 0)).where(
+                    Entry.wallet_id.in_(ids),
+                    Entry.kind.in_(("charge", "refund")),
+                    Entry.created_at >= now - RUNWAY_DAYS * DAY,
+                )
+            )
+            S = MeteredSession
+            seen = func.coalesce(S.stopped_at, S.last_seen_running, S.ready_at, S.started_at)
+            active = dict(
+                db.execute(
+                    select(S.user_name, func.max(seen))
+                    .where(S.user_name.in_([m.user_name for m in members]))
+                    .group_by(S.user_name)
+                ).all()
+            )
+            course_wallet = self._wallet(db, WalletRef("course", course.name))
+            assert course_wallet is not None
+            rows = []
+            for m in members:
+                wid, balance = wallets.get(m.user_name, (None, 0))
+                row = RosterRow(m.user_name, m.role, m.full_name, m.email)
+                row.last_active = active.get(m.user_name)
+                if m.role == "student":
+                    row.running = [(s, costs.get(s.id, 0)) for s in running if s.wallet_id == wid]
+                    row.spent_micros = 0 if wid is None else -int(spent.get(wid) or 0)
+                    row.left_micros = self._left(db, course, wid, balance, course_wallet, now)
+                rows.append(row)
+            return CourseView(
+                course=course,
+                balance_micros=course_wallet.balance_micros,
+                in_allowances_micros=sum(balance for _wid, balance in wallets.values()),
+                burn_micros=-int(burn or 0),
+                roster=rows,
+            )
+
+    def _left(
+        self,
+        db: Session,
+        course: CourseSettings,
+        allowance_id: int | None,
+        balance: int,
+        course_wallet: Wallet,
+        now: int,
+    ) -> int:
+        """What a student may spend from the course now, as a settle now would leave it."""
+        if course.expires_at is not None and now >= course.expires_at:
+            return min(0, balance)  # what is left goes back to the course
+        if course.allowance_micros is None:
+            return balance
+        start = period_start(course.allowance_period, now)
+        moves = [] if allowance_id is None else _period_moves(db, allowance_id, start)
+        return balance + _due(course.allowance_micros, balance, moves, course_wallet)
 
     def course_balance(self, name: str) -> int:
         with self.begin() as db:

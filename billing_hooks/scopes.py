@@ -145,3 +145,25 @@ def may_stop_in(scopes, group: str) -> bool:
     delete:servers, unfiltered or filtered to the group)."""
     scopes = set(scopes or ())
     return "delete:servers" in scopes or f"delete:servers!group={group}" in scopes
+
+
+def teaches(scopes, course: str) -> bool:
+    """Whether these scopes open course `course`'s console (its TAs and instructors, or a
+    billing admin)."""
+    scopes = set(scopes or ())
+    return (
+        f"{COURSE_STAFF_SCOPE}!group={course}" in scopes
+        or COURSE_STAFF_SCOPE in scopes
+        or is_billing_admin(scopes)
+    )
+
+
+def instructs(scopes, course: str) -> bool:
+    """Whether these scopes change course `course`'s money and settings (its instructors,
+    or a billing admin); a TA's do not."""
+    scopes = set(scopes or ())
+    return (
+        f"{COURSE_INSTRUCTOR_SCOPE}!group={course}" in scopes
+        or COURSE_INSTRUCTOR_SCOPE in scopes
+        or is_billing_admin(scopes)
+    )

@@ -9,7 +9,8 @@ admin's full token, `admin_narrow` the same admin's token scoped only to reach b
 `kernel` the token amy's running server holds (what code in a notebook can read),
 `billing` the billing service's own token, `admin_service` the operator's service token
 (METERHUB_ADMIN_TOKEN), `group_admin` the token of pia, the admin (PI) of the group `lab`
-that amy belongs to and ben does not — no hub admin. On the hub's pages, `user_cookie` and `admin_cookie` are amy and the
+that amy belongs to and ben does not — no hub admin; `instructor` and `ta` the tokens of ira
+and tom, the instructor and the TA of the course `ml101` whose student amy is. On the hub's pages, `user_cookie` and `admin_cookie` are amy and the
 admin signed in with a browser session; tokens do not open pages.
 """
 
@@ -32,6 +33,7 @@ from .hubprocess import ADMIN_TOKEN, until
 from .test_pages import METERHUB, PASSWORD, admin_password, session_of
 
 USER, OTHER, PI, GROUP = "amy", "ben", "pia", "lab"
+INSTRUCTOR, TA, COURSE = "ira", "tom", "ml101"
 A = (
     "anonymous",
     "user",
@@ -42,16 +44,29 @@ A = (
     "billing",
     "admin_service",
     "group_admin",
+    "instructor",
+    "ta",
 )
 
 
 def row(
-    anonymous, user, other, admin, admin_narrow, kernel, billing, admin_service, group_admin=None
+    anonymous,
+    user,
+    other,
+    admin,
+    admin_narrow,
+    kernel,
+    billing,
+    admin_service,
+    group_admin=None,
+    instructor=None,
+    ta=None,
 ) -> dict:
-    """Expected statuses; the group admin is, to amy's own data, just another user."""
-    group_admin = other if group_admin is None else group_admin
+    """Expected statuses; the group admin and the course's staff are, to amy's own data
+    and where not given, just other users."""
+    staff = tuple(other if v is None else v for v in (group_admin, instructor, ta))
     values = (anonymous, user, other, admin, admin_narrow, kernel, billing, admin_service)
-    return dict(zip(A, (*values, group_admin), strict=True))
+    return dict(zip(A, (*values, *staff), strict=True))
 
 
 PUBLIC = row(200, 200, 200, 200, 200, 200, 200, 200)
@@ -109,6 +124,15 @@ API = {
         row(403, 403, 403, 200, 403, 403, 403, 200, 200),
     ),
     ("GET", "/groups/{group}/usage"): (None, row(403, 403, 403, 200, 403, 403, 403, 200, 200)),
+    # the course ml101: its TA and instructor, billing admins; not its students, nor a PI
+    ("GET", "/courses/{course}"): (
+        None,
+        row(403, 403, 403, 200, 403, 403, 403, 200, 403, 200, 200),
+    ),
+    ("GET", "/courses/{course}/usage"): (
+        None,
+        row(403, 403, 403, 200, 403, 403, 403, 200, 403, 200, 200),
+    ),
 }
 
 #: hub pages take a browser session (cookie + XSRF), never a token: a token there is anonymous
@@ -205,7 +229,7 @@ def matrix_hub(hub_factory):
         {"gpus": [{"type": "a800", "count": 1}], "billing": {"trial_credit": "10.00"}},
         name="matrix",
     )
-    for name in (USER, OTHER, PI):
+    for name in (USER, OTHER, PI, INSTRUCTOR, TA):
         add = [METERHUB, "user", "add", name, "--password-stdin", "--config", str(hub.config_path)]
         out = subprocess.run(add, input=PASSWORD, capture_output=True, text=True, timeout=120)
         assert out.returncode == 0, out.stderr
@@ -220,9 +244,22 @@ def matrix_hub(hub_factory):
     for command in (["create", GROUP, "--admin", PI], ["add", GROUP, USER]):
         out = subprocess.run([METERHUB, "group", *command, *config], capture_output=True, text=True)
         assert out.returncode == 0, out.stderr
+    course = ["create", COURSE, "--instructor", INSTRUCTOR, "--ta", TA]
+    out = subprocess.run([METERHUB, "course", *course, *config], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    roster = hub.workdir / "roster.csv"
+    roster.write_text(f"username\n{USER}\n")
+    out = subprocess.run(
+        [METERHUB, "course", "roster", COURSE, str(roster), *config], capture_output=True, text=True
+    )
+    assert out.returncode == 0, out.stderr
     until(
-        lambda: hub.api("GET", f"/groups/{GROUP}").json().get("users") == [USER],
-        "the hub to apply the group",
+        lambda: (
+            hub.api("GET", f"/groups/{GROUP}").json().get("users") == [USER]
+            and hub.api("GET", f"/groups/{COURSE}").json().get("users") == [USER]
+            and f"meterhub-course-ta-{COURSE}" in hub.api("GET", f"/users/{TA}").json()["roles"]
+        ),
+        "the hub to apply the group and the course",
     )
     hub.spawn(USER, {"profile": "debug"})
     kernel = process_env(
@@ -248,6 +285,8 @@ def matrix_hub(hub_factory):
         "billing": billing,
         "admin_service": ADMIN_TOKEN,
         "group_admin": token(PI),
+        "instructor": token(INSTRUCTOR),
+        "ta": token(TA),
     }
     yield hub
     hub.stop_server(USER)
@@ -259,7 +298,7 @@ def xsrf(session) -> str:
 
 
 def concrete(path: str) -> str:
-    return path.format(name=USER, session_id=999999, profile="debug", group=GROUP)
+    return path.format(name=USER, session_id=999999, profile="debug", group=GROUP, course=COURSE)
 
 
 def token_headers(hub, actor: str) -> dict:

@@ -15,6 +15,7 @@ import datetime
 import io
 
 import pytest
+import requests
 
 from meterhub.billing_hooks import labwindows
 from meterhub.billing_hooks.db import connect
@@ -232,3 +233,44 @@ def test_bad_course_commands_say_why_and_write_nothing(course, tmp_path):
     ]
     shown = ok(cli(course, "course", "show", COURSE))
     assert "allowance: 5.00 CNY per week" in shown and "pays for: debug, rtx4090:1" in shown
+
+
+def test_the_console_api_shows_the_staff_who_runs_what_and_refuses_students(course):
+    def token(name):
+        r = course.api("POST", f"/users/{name}/tokens", json={"note": "console"})
+        assert r.status_code == 201, r.text
+        return r.json()["token"]
+
+    def get(who, path, **params):
+        return requests.get(
+            f"{course.url}/services/billing/api/v1{path}",
+            headers={"Authorization": f"token {token(who)}"},
+            params=params,
+            timeout=60,
+        )
+
+    course.spawn("amy", {"profile": "debug", "wallet": f"course:{COURSE}"})
+    try:
+        r = get("prof", f"/courses/{COURSE}")
+        assert r.status_code == 200, r.text
+        console = r.json()
+        assert console["instructor"] is True and console["wallet"] == "course:ml101"
+        assert console["allowance"] == {"amount": "5.00", "per": "week", "expires": None}
+        assert console["profiles"] == ["debug", "rtx4090:1"] and console["timezone"] == TZ
+        rows = {row["name"]: row for row in console["roster"]}
+        assert set(rows) == {"amy", "bob", "newbie", "prof", "tara"}
+        (server,) = rows["amy"]["running"]
+        assert server["profile"] == "debug" and server["rate_per_hour"] == "36.00"
+        assert rows["amy"]["signed_up"] and rows["amy"]["last_active"]
+        assert rows["amy"]["full_name"] == "Amy A" and rows["amy"]["email"] == "amy@uni.edu"
+        assert rows["prof"]["left"] is None and rows["tara"]["role"] == "ta"
+        assert get("tara", f"/courses/{COURSE}").json()["instructor"] is False  # a TA
+        usage = get("tara", f"/courses/{COURSE}/usage", format="csv")
+        assert usage.status_code == 200 and usage.headers["content-type"].startswith("text/csv")
+        assert {row["member"] for row in csv.DictReader(io.StringIO(usage.text))} >= {"amy"}
+        for who in ("amy", "eve"):  # a student, a stranger
+            assert get(who, f"/courses/{COURSE}").status_code == 403
+            assert get(who, f"/courses/{COURSE}/usage").status_code == 403
+        assert get("prof", "/courses/nope").status_code == 403  # not its staff: no 404 leak
+    finally:
+        course.stop_server("amy")
