@@ -25,7 +25,9 @@ from urllib.parse import quote
 
 from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
 
+from . import labwindows
 from .clock import utcnow
+from .courses import lab_phrase
 from .groups import RUNWAY_DAYS, AlertFacts, CapState, runway_phrase
 from .ledger import Ledger
 from .money import SECONDS_PER_HOUR, format_duration, format_money, seconds_covered
@@ -227,7 +229,11 @@ class Meter:
         result = await asyncio.to_thread(self.charge_pass, servers, snapshot_at, gone)
         await asyncio.to_thread(self._record_missed, missed, result)
         for user, server_name in dict.fromkeys(result.to_stop):
-            log.warning("Stopping %s/%s: out of credit or over a cap", user, server_name)
+            log.warning(
+                "Stopping %s/%s: out of credit, over a cap or after its lab window",
+                user,
+                server_name,
+            )
             await self.hub.stop_server(user, server_name)
         for url, body in result.webhooks:
             await self._post_webhook(url, body)
@@ -371,10 +377,17 @@ class Meter:
         caps: dict[int, list[CapState]] = {}
         for state in self.ledger.cap_states(groups, now):
             caps.setdefault(state.wallet_id, []).append(state)
+        courses = None
         for wid, view in views.items():
             self._check_credit(view, result)
             if wid in caps:
                 self._check_caps(view, caps[wid], result)
+            if view.kind == "allowance" and view.paying:
+                if courses is None:
+                    courses = {c.name: c for c in self.ledger.courses()}
+                course = courses.get(view.user.partition("/")[0])
+                if course is not None and course.windows:
+                    self._check_window(course, view, now, result)
         for facts in self.ledger.alert_facts(groups, now):
             self._group_alerts(facts, result)
         return result
@@ -485,6 +498,44 @@ class Meter:
                     "runway_seconds": runway,
                 }
                 result.webhooks.append((group.webhook_url, body))
+
+    def _check_window(self, course, view, now: int, result: PassResult) -> None:
+        """Warn the course's students before its lab window ends, and stop what the course
+        pays for only during windows (GPUs; debug too if the course says so) once it has."""
+        lines = course.windows.splitlines()
+        current = labwindows.current(lines, course.timezone, now)
+        for session in view.paying:
+            if session.gpus == 0 and course.debug_outside_windows:
+                continue
+            what = "GPU server" if session.gpus else "server"
+            after = (
+                " Your files are kept; debug mode stays open."
+                if course.debug_outside_windows
+                else " Your files are kept."
+            )
+            if current is None:
+                result.to_stop.append((session.user_name, session.server_name))
+                self.ledger.notify(
+                    session.user_name,
+                    f"lab-ended:{session.id}",
+                    "stopped",
+                    f"The {course.name} lab is over ({lab_phrase(course, now)}), so your {what}"
+                    " paid by the course was stopped." + after,
+                )
+                continue
+            end = labwindows.phrase(current[1], course.timezone, now)
+            for minutes in self.warn_minutes:
+                if current[1] - now <= minutes * 60:
+                    key = f"lab-end:{session.id}:{current[1]}:{minutes}"
+                    if self.ledger.notify(
+                        session.user_name,
+                        key,
+                        "warning",
+                        f"The {course.name} lab ends at {end}, in"
+                        f" {format_duration(current[1] - now)}: your {what} paid by the course"
+                        " stops then." + after,
+                    ):
+                        result.notified.append(key)
 
     def _check_credit(self, view, result: PassResult) -> None:
         currency = self.ledger.currency

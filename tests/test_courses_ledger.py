@@ -334,3 +334,32 @@ def test_the_audit_finds_an_allowance_move_without_its_pair():
         ledger._post(db, wallet, "allowance", -5, "allowance:ml101/amy:stray:course", "test")
     (problem,) = ledger.audit()
     assert "allowance move allowance:ml101/amy:stray: entries [-5] are not a pair" in problem
+
+
+def test_before_a_lab_window_ends_gpu_students_are_warned_and_after_it_stopped():
+    tz = "Asia/Shanghai"
+    tuesday_2pm = at("2027-02-02T14:00", tz)
+    ledger, clock, hub, meter = setup(start=tuesday_2pm + 60)
+    ledger.set_course_windows("ml101", ["weekly Tue 14:00-16:00"], timezone=tz)
+    cheap = to_micros("1.00")  # two hours well within the allowance
+    start(ledger, hub, "amy", rate=cheap)  # a800, one GPU
+    auth = ledger.open_session("bob", "", "debug", 0, cheap, MIN, wallet="course:ml101")
+    ledger.mark_ready(auth.session_id)
+    hub.servers[("bob", "")] = True
+    clock.advance(7200 - 100 - 60)
+    run_pass(meter)
+    (warning,) = [n.message for n in ledger.notifications("amy") if n.kind == "warning"]
+    assert warning.startswith("The ml101 lab ends at Tue 16:00 CST, in 1 min: your GPU server")
+    assert not ledger.notifications("bob")
+    clock.advance(100)
+    result = run_pass(meter)
+    assert ("amy", "") in result.to_stop and ("bob", "") not in result.to_stop
+    stopped = [n.message for n in ledger.notifications("amy") if n.kind == "stopped"]
+    assert stopped == [
+        "The ml101 lab is over (next lab: Tue 2027-02-09 14:00 CST), so your GPU server paid"
+        " by the course was stopped. Your files are kept; debug mode stays open."
+    ]
+    # a course that keeps debug mode to its windows stops that too
+    ledger.set_course_options("ml101", debug_outside_windows=False)
+    clock.advance(60)
+    assert ("bob", "") in run_pass(meter).to_stop
