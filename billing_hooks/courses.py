@@ -337,6 +337,17 @@ class Courses:
                 )
             )
 
+    def staff_courses(self, user: str) -> list[str]:
+        """The courses `user` is a TA or an instructor of."""
+        with self.begin() as db:
+            return list(
+                db.scalars(
+                    select(CourseMember.course_name)
+                    .where(CourseMember.user_name == user, CourseMember.role != "student")
+                    .order_by(CourseMember.course_name)
+                )
+            )
+
     # ------------------------------------------------------------------ settings
 
     def set_allowance(

@@ -430,6 +430,10 @@ PAGE_HANDLERS = [
     (r"/groups/([^/]+)/caps", "meterhub.hub.group_pages.GroupCapPage"),
     (r"/groups/([^/]+)/stop", "meterhub.hub.group_pages.GroupStopPage"),
     (r"/groups/([^/]+)/statement.csv", "meterhub.hub.group_pages.GroupStatement"),
+    (r"/courses/([^/]+)", "meterhub.hub.course_pages.CoursePage"),
+    (r"/courses/([^/]+)/stop", "meterhub.hub.course_pages.CourseStopPage"),
+    (r"/courses/([^/]+)/stop-all", "meterhub.hub.course_pages.CourseStopAllPage"),
+    (r"/courses/([^/]+)/usage.csv", "meterhub.hub.course_pages.CourseUsageCsv"),
 ]
 
 

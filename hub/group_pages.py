@@ -209,27 +209,29 @@ class GroupStopPage(GroupPage):
         if name not in self.members and (name, server_name) not in await self.paid_servers():
             await self.show(error=f"{name[:64]!r} is not a member of {self.group}.", status=404)
             return
-        user = self.find_user(name)
-        label = f"{name}'s server" + (f" {server_name!r}" if server_name else "")
-        if user is None or server_name not in user.orm_spawners:
-            await self.show(error=f"{label} is not running.", status=404)
-            return
-        spawner = user.spawners[server_name]
-        if spawner.pending == "stop":
-            await self.show(message=f"{label} is stopping already.")
-            return
-        if spawner.pending:
-            await self.show(error=f"{label} is {spawner.pending}ing; try again.", status=409)
-            return
-        if not spawner.ready or await spawner.poll_and_notify() is not None:
-            await self.show(error=f"{label} is not running.", status=404)
-            return
-        self.log.info("%s stops %s (group %s)", self.current_user.name, label, self.group)
-        await self.stop_single_user(user, server_name)
-        if spawner._stop_pending:
-            await self.show(message=f"{label} is stopping (slowly); its files are kept.")
-        else:
-            await self.show(message=f"Stopped {label}; its files are kept.")
+        message, error, status = await stop_server_for(self, name, server_name)
+        await self.show(message=message, error=error, status=status)
+
+
+async def stop_server_for(page, name: str, server_name: str) -> tuple[str, str, int]:
+    """Stop `name`'s server `server_name` as the hub's API DELETE does it, for a page whose
+    caller may (checked before): (message, error, status) to show."""
+    user = page.find_user(name)
+    label = f"{name}'s server" + (f" {server_name!r}" if server_name else "")
+    if user is None or server_name not in user.orm_spawners:
+        return "", f"{label} is not running.", 404
+    spawner = user.spawners[server_name]
+    if spawner.pending == "stop":
+        return f"{label} is stopping already.", "", 200
+    if spawner.pending:
+        return "", f"{label} is {spawner.pending}ing; try again.", 409
+    if not spawner.ready or await spawner.poll_and_notify() is not None:
+        return "", f"{label} is not running.", 404
+    page.log.info("%s stops %s", page.current_user.name, label)
+    await page.stop_single_user(user, server_name)
+    if spawner._stop_pending:
+        return f"{label} is stopping (slowly); its files are kept.", "", 200
+    return f"Stopped {label}; its files are kept.", "", 200
 
 
 class GroupStatement(GroupPage):

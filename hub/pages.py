@@ -204,6 +204,7 @@ class WalletPage(MeterhubPage):
                 "may_spend": may_spend(scopes),
                 "notifications": ledger.notifications(user)[-10:],
                 "groups": ledger.known_groups(groups),
+                "courses": ledger.staff_courses(user),
                 "plot": plot_svg(ledger.daily_costs(user, now, PLOT_DAYS), now, ledger.currency),
                 "now": now,
                 "purchase_key": str(uuid.uuid4()),

@@ -136,21 +136,32 @@ API = {
 }
 
 #: hub pages take a browser session (cookie + XSRF), never a token: a token there is anonymous
-P = ("anonymous", "user_cookie", "admin_cookie", "pi_cookie", "user", "admin", "kernel")
+P = (
+    "anonymous",
+    "user_cookie",
+    "admin_cookie",
+    "pi_cookie",
+    "instructor_cookie",
+    "user",
+    "admin",
+    "kernel",
+)
 
 
-def page_row(anonymous, user_cookie, admin_cookie, pi_cookie=None) -> dict:
-    """Expected statuses; to amy's own pages the PI is just another signed-in user."""
+def page_row(anonymous, user_cookie, admin_cookie, pi_cookie=None, instructor_cookie=None) -> dict:
+    """Expected statuses; to amy's own pages the PI and the instructor are just other
+    signed-in users."""
     pi_cookie = user_cookie if pi_cookie is None else pi_cookie
+    instructor_cookie = user_cookie if instructor_cookie is None else instructor_cookie
     tokens = {"user": anonymous, "admin": anonymous, "kernel": anonymous}
-    cookies = (anonymous, user_cookie, admin_cookie, pi_cookie)
-    return dict(zip(P[:4], cookies, strict=True)) | tokens
+    cookies = (anonymous, user_cookie, admin_cookie, pi_cookie, instructor_cookie)
+    return dict(zip(P[:5], cookies, strict=True)) | tokens
 
 
 OWN_PAGE = page_row(302, 200, 200)
 ADMIN_PAGE = page_row(302, 403, 200)
-#: the group lab's page: its member amy, its admin pia and the hub admin
-GROUP_PAGE = page_row(302, 200, 200, 200)
+#: the group lab's page: its member amy, its admin pia and the hub admin; not ira
+GROUP_PAGE = page_row(302, 200, 200, 200, 403)
 
 #: (method, hub page) -> (form, expected status per actor); each acts as its own user
 PAGES = {
@@ -171,15 +182,26 @@ PAGES = {
     # a member may not set caps or stop servers; the group's admin and the hub admin may
     ("POST", "/groups/([^/]+)/caps"): (
         {"user": USER, "amount": "1.00", "period": "month"},
-        page_row(403, 403, 200, 200),
+        page_row(403, 403, 200, 200, 403),
     ),
     # a server amy does not have (stopping her real one would end the kernel's rows): the
     # admins get past every gate to the 404
     ("POST", "/groups/([^/]+)/stop"): (
         {"user": USER, "server": "none-such"},
-        page_row(403, 403, 404, 404),
+        page_row(403, 403, 404, 404, 403),
     ),
-    ("GET", "/groups/([^/]+)/statement.csv"): (None, page_row(302, 403, 200, 200)),
+    ("GET", "/groups/([^/]+)/statement.csv"): (None, page_row(302, 403, 200, 200, 403)),
+    # the course ml101's console: its staff and the hub admin; not its student amy, nor a PI
+    ("GET", "/courses/([^/]+)"): (None, page_row(302, 403, 200, 403, 200)),
+    ("GET", "/courses/([^/]+)/usage.csv"): (None, page_row(302, 403, 200, 403, 200)),
+    ("GET", "/courses/([^/]+)/stop"): (None, page_row(302, 403, 200, 403, 200)),
+    ("GET", "/courses/([^/]+)/stop-all"): (None, page_row(302, 403, 200, 403, 200)),
+    # amy's server runs on her own money: the staff get past every gate to the 404
+    ("POST", "/courses/([^/]+)/stop"): (
+        {"user": USER, "server": ""},
+        page_row(403, 403, 404, 403, 404),
+    ),
+    ("POST", "/courses/([^/]+)/stop-all"): ({}, page_row(403, 403, 200, 403, 200)),
 }
 
 METHODS = ("get", "post", "put", "patch", "delete")
@@ -331,17 +353,18 @@ def page_status(hub, actor: str, method: str, path: str, form: dict | None) -> i
         who = {
             "admin_cookie": ("admin", admin_password(hub)),
             "pi_cookie": (PI, PASSWORD),
+            "instructor_cookie": (INSTRUCTOR, PASSWORD),
             "user_cookie": (USER, PASSWORD),
         }[actor]
         session, headers = session_of(hub, *who), {}
-        data = form and {**form, "_xsrf": xsrf(session)}
+        data = None if form is None else {**form, "_xsrf": xsrf(session)}
     else:
         session, headers, data = requests.Session(), token_headers(hub, actor), form
     if data is not None:
         data = {**data, "key": str(uuid.uuid4())}
     r = session.request(
         method,
-        f"{hub.url}/hub{path.replace('([^/]+)', GROUP)}",
+        f"{hub.url}/hub{path.replace('([^/]+)', COURSE if 'courses' in path else GROUP)}",
         headers=headers,
         data=data,
         allow_redirects=False,

@@ -1,0 +1,196 @@
+"""The instructor console: a course's roster with who runs what, Stop and Stop all, the
+course wallet and its runway, the usage CSV, and a launch-link builder for nbgitpuller.
+
+For the course's TAs and instructors (custom:meterhub:course-staff!group=NAME) and billing
+admins; Stop needs JupyterHub's delete:servers filtered to the course's group, which their
+roles hold. They stop only what the course pays for: a student's own money is their own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import time
+from urllib.parse import urlencode, urlsplit
+
+from tornado import web
+
+from meterhub.billing_hooks import actions
+from meterhub.billing_hooks.courses import lab_phrase
+from meterhub.billing_hooks.groups import runway, runway_phrase
+from meterhub.billing_hooks.scopes import instructs, may_stop_in, teaches
+from meterhub.billing_hooks.wallets import GROUP_NAME, fold
+
+from .group_pages import stop_server_for
+from .group_sync import find_group
+from .pages import MeterhubPage
+
+#: what a launch link may name: a git repository over http(s), a branch, a path in it
+BRANCH = re.compile(r"^[A-Za-z0-9._/-]{1,100}\Z")
+REPO_PATH = re.compile(r"^[A-Za-z0-9._/ -]{0,200}\Z")
+
+
+def launch_link(
+    hub_url: str, course: str, repo: str, branch: str, path: str, profile: str, gpus: str
+) -> str:
+    """A link that starts the student's server on the course's money (JupyterHub 6 takes
+    spawn options in the URL as `opt-` arguments) and then has nbgitpuller pull `repo` and
+    open `path` in JupyterLab. ValueError says what is wrong with the input."""
+    parts = urlsplit(repo)
+    if parts.scheme not in ("https", "http") or not parts.netloc or len(repo) > 300:
+        raise ValueError("the repository is an http(s) URL, e.g. https://github.com/org/lab")
+    if not BRANCH.match(branch) or ".." in branch:
+        raise ValueError("the branch: letters, digits, . _ / -")
+    if not REPO_PATH.match(path) or ".." in path.split("/") or path.startswith("/"):
+        raise ValueError("the path: a notebook's path inside the repository, e.g. week1/lab.ipynb")
+    folder = parts.path.rstrip("/").rsplit("/", 1)[-1].removesuffix(".git") or "repo"
+    pull = "/hub/user-redirect/git-pull?" + urlencode(
+        {
+            "repo": repo,
+            "branch": branch,
+            "targetpath": folder,
+            "urlpath": f"lab/tree/{folder}/{path}".rstrip("/"),
+        }
+    )
+    options = {"opt-profile": profile, "opt-wallet": f"course:{course}"}
+    if gpus:
+        options[f"opt-gpus_{profile}"] = gpus
+    return f"{hub_url.rstrip('/')}/hub/spawn?" + urlencode({**options, "next": pull})
+
+
+class CoursePage(MeterhubPage):
+    """GET /hub/courses/NAME: the course's console, for its staff; everyone else 403."""
+
+    template = "course.html"
+    course = ""
+    students: tuple[str, ...] = ()
+
+    async def authorize_course(self, course: str) -> None:
+        name = fold(course)
+        if not (GROUP_NAME.match(name) and teaches(self.expanded_scopes, name)):
+            raise web.HTTPError(403, "Only the course's TAs and instructors can open its console")
+        ledger = await self.billing.ledger_async()
+        if await asyncio.to_thread(ledger.course, name) is None:
+            raise web.HTTPError(404, "No course %s", name[:64])
+        self.course = name
+        group = find_group(self.db, name)  # the hub's session: on the event loop's thread
+        self.students = tuple(sorted(u.name for u in group.users)) if group is not None else ()
+
+    async def page_data(self) -> dict:
+        ledger = await self.billing.ledger_async()
+        now = int(time.time())
+        name = self.course
+        link, link_error = self.built_link()
+
+        def read():
+            view = ledger.course_view(name, now)
+            course = view.course
+            choices = course.profiles.split() or ["debug"]
+            return {
+                "view": view,
+                "course": course,
+                "runway": runway_phrase(runway(view.balance_micros, view.burn_micros)),
+                "lab": lab_phrase(course, now) if course.windows else "",
+                "signed_up": set(self.students),
+                "running_count": sum(len(r.running) for r in view.roster),
+                "may_stop": may_stop_in(self.expanded_scopes, name),
+                "instructor": instructs(self.expanded_scopes, name),
+                "choices": choices,
+                "link": link,
+                "link_error": link_error,
+                "form": {k: self.get_argument(k, "") for k in ("repo", "branch", "path", "choice")},
+            }
+
+        return await asyncio.to_thread(read)
+
+    def built_link(self) -> tuple[str, str]:
+        """The launch link the builder's form asked for (GET arguments), or why not."""
+        repo = self.get_argument("repo", "").strip()
+        if not repo:
+            return "", ""
+        choice = self.get_argument("choice", "debug").strip().lower()
+        profile, _, gpus = choice.partition(":")
+        hub_url = f"{self.request.protocol}://{self.request.host}{self.base_url[: -len('hub/')]}"
+        try:
+            link = launch_link(
+                hub_url,
+                self.course,
+                repo,
+                self.get_argument("branch", "main").strip() or "main",
+                self.get_argument("path", "").strip(),
+                profile,
+                gpus,
+            )
+        except ValueError as e:
+            return "", str(e)
+        return link, ""
+
+    async def course_paid(self) -> set[tuple[str, str]]:
+        """(student, server) the course pays for now."""
+        ledger = await self.billing.ledger_async()
+        view = await asyncio.to_thread(ledger.course_view, self.course)
+        return {(r.user, s.server_name) for r in view.roster for s, _cost in r.running}
+
+    def require_stop(self) -> None:
+        if not may_stop_in(self.expanded_scopes, self.course):
+            raise web.HTTPError(
+                403, "Stopping students' servers needs delete:servers!group=%s", self.course
+            )
+
+    @web.authenticated
+    async def get(self, course):
+        await self.authorize_course(course)
+        await self.show()
+
+
+class CourseStopPage(CoursePage):
+    """POST /hub/courses/NAME/stop: stop one server the course pays for."""
+
+    @web.authenticated
+    async def post(self, course):
+        await self.authorize_course(course)
+        self.require_stop()
+        name = self.get_body_argument("user", "").strip()
+        server_name = self.get_body_argument("server", "")
+        if (name, server_name) not in await self.course_paid():
+            await self.show(
+                error=f"{name[:64]!r} runs no server on {self.course}'s money.", status=404
+            )
+            return
+        message, error, status = await stop_server_for(self, name, server_name)
+        await self.show(message=message, error=error, status=status)
+
+
+class CourseStopAllPage(CoursePage):
+    """POST /hub/courses/NAME/stop-all: stop every server the course pays for."""
+
+    @web.authenticated
+    async def post(self, course):
+        await self.authorize_course(course)
+        self.require_stop()
+        paid = sorted(await self.course_paid())
+        stopped, errors = 0, []
+        for name, server_name in paid:
+            _message, error, _status = await stop_server_for(self, name, server_name)
+            if error:
+                errors.append(error)
+            else:
+                stopped += 1
+        message = f"Stopped {stopped} server(s) the course paid for; their files are kept."
+        await self.show(message=message, error=" ".join(errors))
+
+
+class CourseUsageCsv(CoursePage):
+    """GET /hub/courses/NAME/usage.csv: every session the course's allowances paid for."""
+
+    @web.authenticated
+    async def get(self, course):
+        await self.authorize_course(course)
+        ledger = await self.billing.ledger_async()
+        try:
+            text = await asyncio.to_thread(actions.group_usage_csv, ledger, self.course)
+        except actions.ActionError as e:
+            raise web.HTTPError(e.status, "%s", e.message) from None
+        self.set_header("Content-Type", "text/csv; charset=utf-8")
+        self.set_header("Content-Disposition", f'attachment; filename="meterhub-{self.course}.csv"')
+        self.finish(text)

@@ -1,0 +1,243 @@
+"""The instructor console in a real browser: the roster with who runs what, Stop and Stop
+all, the wallet, the usage CSV and the launch-link builder; a student and a stranger are
+refused. The course is made with `meterhub course`; amy runs a debug server on the course's
+money. Screenshots go to test-output/pages/course-console*.png (docs/courses.md uses them).
+"""
+
+from __future__ import annotations
+
+import csv
+import functools
+import io
+import re
+import subprocess
+import threading
+from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from urllib.parse import parse_qs, urlsplit
+
+import pytest
+import requests
+
+from meterhub.hub.course_pages import launch_link
+
+from . import test_pages
+from .clirun import run_cli
+from .hubprocess import ADMIN_TOKEN, until
+from .test_pages import CHROMIUM, PASSWORD, fits_a_phone, shot
+
+browser = test_pages.browser
+
+pytestmark = pytest.mark.skipif(
+    not Path(CHROMIUM).exists(), reason="Chromium is installed by `make test`"
+)
+
+COURSE = "ml101"
+ROSTER = "username,name,role\namy,Amy A,student\nbob,Bob B,student\ntara,Tara T,ta\n"
+
+
+def meterhub(hub, *argv: str, stdin: str | None = None) -> str:
+    out = run_cli([*argv, "--config", str(hub.config_path)], stdin=stdin)
+    assert out.returncode == 0, (argv, out.stdout, out.stderr)
+    return out.stdout
+
+
+def sign_in(browser, hub, name: str):
+    """Sign in, landing on the Wallet page (amy's running server would take her on)."""
+    page = browser.new_context().new_page()
+    page.goto(f"{hub.url}/hub/login?next=%2Fhub%2Fwallet")
+    page.fill("input[name=username]", name)
+    page.fill("input[name=password]", PASSWORD)
+    page.click("input[type=submit]")
+    page.wait_for_url(re.compile(r".*/hub/wallet$"))
+    return page
+
+
+@pytest.fixture(scope="module")
+def lab_repository(tmp_path_factory):
+    """A git repository of course materials served over HTTP on loopback (git's dumb
+    protocol, static files), as a launch link names one on GitHub: the machine reaches no
+    git host. Yields its URL."""
+    root = tmp_path_factory.mktemp("git")
+    work = root / "work"
+    (work / "week1").mkdir(parents=True)
+    (work / "week1" / "lora.ipynb").write_text(
+        '{"cells": [], "metadata": {}, "nbformat": 4, "nbformat_minor": 5}'
+    )
+    git = ["git", "-c", "user.name=prof", "-c", "user.email=prof@uni.edu"]
+    for args in (
+        ["-C", str(work), "init", "-q", "-b", "main"],
+        ["-C", str(work), "add", "."],
+        ["-C", str(work), "commit", "-q", "-m", "week 1"],
+        ["clone", "-q", "--bare", str(work), str(root / "ml101-labs.git")],
+        ["-C", str(root / "ml101-labs.git"), "update-server-info"],
+    ):
+        subprocess.run([*git, *args], check=True, capture_output=True)
+    handler = functools.partial(SimpleHTTPRequestHandler, directory=str(root))
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}/ml101-labs.git"
+    server.shutdown()
+    server.server_close()
+
+
+@pytest.fixture(scope="module")
+def course_hub(hub_factory, tmp_path_factory):
+    hub = hub_factory(
+        {
+            "gpus": [],
+            "profiles": {"debug": {"price_per_hour": "36.00"}},
+            "billing": {"meter_interval_seconds": 1},
+            "groups": {"sync_interval_seconds": 1},
+        },
+        name="course-page",
+    )
+    for name in ("amy", "prof", "tara", "eve"):
+        meterhub(hub, "user", "add", name, "--password-stdin", stdin=PASSWORD)
+    meterhub(hub, "course", "create", COURSE, "--instructor", "prof", "--tz", "Asia/Shanghai")
+    roster = tmp_path_factory.mktemp("roster") / "roster.csv"
+    roster.write_text(ROSTER)
+    meterhub(hub, "course", "roster", COURSE, str(roster))
+    meterhub(hub, "credit", "grant", f"course:{COURSE}", "300", "--key", "po-1")
+    meterhub(hub, "course", "allowance", COURSE, "20.00", "--per", "month")
+    meterhub(hub, "course", "profiles", COURSE, "debug", "rtx4090:1")
+    meterhub(hub, "course", "window", COURSE, "--weekly", "Tue 14:00-16:00")
+
+    def synced() -> bool:
+        group = hub.api("GET", f"/groups/{COURSE}").json()
+        roles = hub.api("GET", "/users/prof").json()["roles"]
+        return group.get("users") == ["amy"] and f"meterhub-course-instructor-{COURSE}" in roles
+
+    until(synced, "the hub to mirror the roster and give prof his role")
+    hub.spawn("amy", {"profile": "debug", "wallet": f"course:{COURSE}"})
+    return hub
+
+
+def test_the_instructor_sees_who_runs_what_and_stops_them(course_hub, browser):
+    page = sign_in(browser, course_hub, "prof")
+    page.locator("#meterhub-courses a", has_text=COURSE).click()
+    page.wait_for_url(re.compile(rf".*/hub/courses/{COURSE}$"))
+    assert page.locator("#meterhub-course-balance").inner_text() == "¥280.00"  # 20 carved
+    settings = page.locator("#meterhub-course-settings").inner_text()
+    assert "allowance ¥20.00 per month" in settings and "pays for debug, rtx4090:1" in settings
+    assert re.search(r"next lab: Tue .*14:00 CST", page.locator("#meterhub-lab").inner_text())
+    amy = page.locator('#meterhub-roster tr[data-member="amy"]').inner_text()
+    assert "Amy A" in amy and "debug · ¥" in amy
+    bob = page.locator('#meterhub-roster tr[data-member="bob"]').inner_text()
+    assert "(not signed in yet)" in bob and "never" in bob
+    assert "TA" in page.locator('#meterhub-roster tr[data-member="tara"]').inner_text()
+    shot(page, "course-console")
+    # the launch link: the course's money, the choice, then nbgitpuller
+    page.fill("#meterhub-repo", "https://github.com/uni/ml101-labs.git")
+    page.fill("#meterhub-path", "week1/lora.ipynb")
+    page.select_option("#meterhub-choice", "rtx4090:1")
+    page.locator("#meterhub-launch button").click()
+    page.wait_for_load_state()
+    link = page.locator("#meterhub-launch-link").input_value()
+    query = parse_qs(urlsplit(link).query)
+    assert urlsplit(link).path == "/hub/spawn"
+    assert query["opt-profile"] == ["rtx4090"] and query["opt-gpus_rtx4090"] == ["1"]
+    assert query["opt-wallet"] == [f"course:{COURSE}"]
+    pull = parse_qs(urlsplit(query["next"][0]).query)
+    assert urlsplit(query["next"][0]).path == "/hub/user-redirect/git-pull"
+    assert pull["urlpath"] == ["lab/tree/ml101-labs/week1/lora.ipynb"]
+    page.fill("#meterhub-repo", "file:///etc")
+    page.locator("#meterhub-launch button").click()
+    page.wait_for_load_state()
+    assert "http(s) URL" in page.locator("#meterhub-link-error").inner_text()
+    # the usage CSV
+    href = page.locator("#meterhub-usage-csv").get_attribute("href")
+    download = page.request.get(f"{course_hub.url}{href}")
+    assert download.ok and download.headers["content-type"].startswith("text/csv")
+    (row,) = list(csv.DictReader(io.StringIO(download.text())))
+    assert row["member"] == "amy" and row["profile"] == "debug"
+    # Stop: the hub stops amy's server; the roster shows her stopped
+    page.goto(f"{course_hub.url}/hub/courses/{COURSE}")
+    page.locator('#meterhub-roster tr[data-member="amy"] button', has_text="Stop").click()
+    page.wait_for_load_state()
+    assert (
+        "Stopped amy's server; its files are kept."
+        in page.locator("#meterhub-message").inner_text()
+    )
+    assert course_hub.server("amy") is None
+    assert "debug" not in page.locator('#meterhub-roster tr[data-member="amy"]').inner_text()
+    fits_a_phone(page, "course-console")
+    page.context.close()
+
+
+def test_stop_all_stops_what_the_course_pays_for_and_nothing_else(course_hub, browser):
+    course_hub.spawn("amy", {"profile": "debug", "wallet": f"course:{COURSE}"})
+    course_hub.spawn("eve", {"profile": "debug"})  # her own money, not the course's
+    page = sign_in(browser, course_hub, "tara")  # a TA: the console and Stop
+    page.goto(f"{course_hub.url}/hub/courses/{COURSE}")
+    page.locator("#meterhub-stop-all button").click()
+    page.wait_for_load_state()
+    assert "Stopped 1 server(s)" in page.locator("#meterhub-message").inner_text()
+    assert course_hub.server("amy") is None and course_hub.server("eve") is not None
+    course_hub.stop_server("eve")
+    page.context.close()
+
+
+def test_a_student_and_a_stranger_get_403_and_forms_need_their_xsrf_token(course_hub, browser):
+    for name in ("amy", "eve"):
+        page = sign_in(browser, course_hub, name)
+        assert page.locator("#meterhub-courses").count() == 0
+        assert page.goto(f"{course_hub.url}/hub/courses/{COURSE}").status == 403
+        assert page.request.get(f"{course_hub.url}/hub/courses/{COURSE}/usage.csv").status == 403
+        page.context.close()
+    page = sign_in(browser, course_hub, "prof")
+    assert page.goto(f"{course_hub.url}/hub/courses/nope").status == 403  # not its staff
+    for path in ("stop", "stop-all"):
+        r = page.request.post(
+            f"{course_hub.url}/hub/courses/{COURSE}/{path}", form={"user": "amy", "server": ""}
+        )
+        assert r.status == 403, path
+    page.context.close()
+
+
+def test_the_launch_link_refuses_what_is_not_a_repository_a_branch_or_a_path():
+    ok = launch_link(
+        "https://hub.uni.edu/", "ml101", "https://github.com/u/r", "main", "", "debug", ""
+    )
+    assert ok.startswith(
+        "https://hub.uni.edu/hub/spawn?opt-profile=debug&opt-wallet=course%3Aml101"
+    )
+    for repo, branch, path, why in (
+        ("ftp://x/y", "main", "a.ipynb", "http(s) URL"),
+        ("https://github.com/u/r", "main;rm", "a.ipynb", "branch"),
+        ("https://github.com/u/r", "main", "../../etc/passwd", "path"),
+        ("https://github.com/u/r", "main", "/abs.ipynb", "path"),
+    ):
+        with pytest.raises(ValueError, match=re.escape(why)):
+            launch_link("https://hub", "ml101", repo, branch, path, "debug", "")
+
+
+def test_a_launch_link_pulls_the_repository_into_the_students_server(course_hub, lab_repository):
+    """What the link's `next` does once the server runs: nbgitpuller (in the single-user
+    environment) clones the repository onto the student's disk."""
+    if course_hub.server("amy") is None:
+        course_hub.spawn("amy", {"profile": "debug", "wallet": f"course:{COURSE}"})
+    try:
+        link = launch_link(course_hub.url, COURSE, lab_repository, "main", "week1", "debug", "")
+        then = urlsplit(parse_qs(urlsplit(link).query)["next"][0])
+        pull = {k: v[0] for k, v in parse_qs(then.query).items()}
+        assert pull["urlpath"] == "lab/tree/ml101-labs/week1"
+        # what nbgitpuller's page asks of its API; a full clone: git's dumb HTTP protocol
+        # (this test's static server) cannot make a shallow one, GitHub's can
+        headers = {"Authorization": f"token {ADMIN_TOKEN}"}
+        pulled = requests.get(
+            f"{course_hub.url}/user/amy/git-pull/api",
+            params={**pull, "depth": "0"},
+            headers=headers,
+            timeout=120,
+        )
+        assert pulled.status_code == 200 and '"phase": "finished"' in pulled.text, pulled.text
+        notebook = requests.get(
+            f"{course_hub.url}/user/amy/api/contents/ml101-labs/week1/lora.ipynb",
+            headers=headers,
+            timeout=60,
+        )
+        assert notebook.status_code == 200, notebook.text
+    finally:
+        course_hub.stop_server("amy")
