@@ -16,7 +16,7 @@
 from __future__ import annotations
 
 import datetime
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -386,19 +386,47 @@ class Courses:
         add: Sequence[str] = (),
         clear: bool = False,
         timezone: str | None = None,
+        gpus: Mapping[str, int] | None = None,
     ) -> CourseSettings:
         """Add lab windows (stored lines, labwindows.weekly/once), after clearing them all
-        when `clear`; set the course's time zone."""
+        when `clear`; set the course's time zone; set the GPUs its windows reserve for its
+        students ({gpu type: count}; {} for none; the caller checks them against the
+        inventory)."""
         if timezone is not None:
             labwindows.zone(timezone)
+        if gpus is not None and any(
+            not isinstance(n, int) or n < 0 or not check_choices([t]) for t, n in gpus.items()
+        ):
+            raise LedgerError("window GPUs: TYPE:COUNT with a whole count")
         with self.begin() as db:
             course = self._require_course(db, name)
             lines = [] if clear else [w for w in course.windows.splitlines() if w]
             course.windows = "\n".join(dict.fromkeys([*lines, *add]))
             if timezone is not None:
                 course.timezone = timezone
+            if gpus is not None:
+                course.window_gpus = " ".join(f"{t}:{n}" for t, n in sorted(gpus.items()) if n)
             db.flush()
             return course
+
+    def window_reservations(self, now: int | None = None) -> dict[str, dict[str, tuple]]:
+        """{gpu type: {"course:NAME": (count, its students)}} of the courses in a lab window
+        now that reserve GPUs, for the local allocator (a pool: what the class does not use
+        is held back from everyone else)."""
+        now = self.clock() if now is None else now
+        result: dict[str, dict[str, tuple]] = {}
+        rosters = None
+        for course in self.courses():
+            if not course.window_gpus or not course.windows:
+                continue
+            if labwindows.current(course.windows.splitlines(), course.timezone, now) is None:
+                continue
+            if rosters is None:
+                rosters = self.course_rosters()
+            students = tuple(rosters.get(course.name, {}).get("student", ()))
+            for gpu_type, count in window_gpus(course).items():
+                result.setdefault(gpu_type, {})[f"course:{course.name}"] = (count, students)
+        return result
 
     def set_course_options(
         self,
@@ -766,6 +794,15 @@ def course_refusal(course: CourseSettings, profile: str, gpus: int, now: int) ->
         + (" Debug mode is open at any time." if course.debug_outside_windows else "")
         + " Or pay from your own wallet."
     )
+
+
+def window_gpus(course: CourseSettings) -> dict[str, int]:
+    """{gpu type: count} the course's windows reserve."""
+    result = {}
+    for item in (course.window_gpus or "").split():
+        gpu_type, _, count = item.partition(":")
+        result[gpu_type] = int(count)
+    return result
 
 
 def lab_phrase(course: CourseSettings, now: int) -> str:

@@ -194,9 +194,28 @@ async def settle_stop(spawner) -> None:
         spawner.log.info("Settled billing sessions %s of %s", closed, spawner._log_name)
 
 
-async def gpu_reservations(spawner) -> dict[str, dict[str, int]]:
-    """GPUs the local allocator keeps for pass holders: {gpu type: {user: count}}."""
-    return await asyncio.to_thread(_settings(spawner).ledger().reservations)
+async def gpu_reservations(spawner) -> dict[str, dict]:
+    """GPUs the local allocator keeps for pass holders, {gpu type: {user: count}}, and for
+    the classes of courses in a lab window, {gpu type: {"course:NAME": (count, students)}}.
+    A class gets at most what the inventory has beyond the passes' reservations: passes
+    were sold first."""
+    ledger = _settings(spawner).ledger()
+
+    def read():
+        reserved: dict[str, dict] = ledger.reservations()
+        inventory: dict[str, int] = {}
+        for gpu in getattr(getattr(spawner, "allocator", None), "inventory", ()):
+            inventory[gpu.type] = inventory.get(gpu.type, 0) + 1
+        for gpu_type, pools in ledger.window_reservations().items():
+            left = inventory.get(gpu_type, 0) - sum(reserved.get(gpu_type, {}).values())
+            for pool, (count, students) in pools.items():
+                take = max(0, min(count, left))
+                left -= take
+                if take:
+                    reserved.setdefault(gpu_type, {})[pool] = (take, students)
+        return reserved
+
+    return await asyncio.to_thread(read)
 
 
 def register_trial_credit(config) -> None:

@@ -281,6 +281,8 @@ class CourseSettings(Base):
     timezone: Mapped[str] = mapped_column(String(64), default="UTC")
     #: whether debug mode paid by the course may run outside the windows
     debug_outside_windows: Mapped[bool] = mapped_column(Boolean, default=True)
+    #: GPUs reserved for the course's students during its windows ("rtx4090:2 a800:1")
+    window_gpus: Mapped[str] = mapped_column(Text, default="", server_default="")
     #: what happens to course-paid GPU servers when a window ends: stop | debug
     at_window_end: Mapped[str] = mapped_column(String(8), default="stop")
     #: an LTI 1.3 context: "ISSUER DEPLOYMENT CONTEXT" (None: not from an LMS)

@@ -171,22 +171,56 @@ def course_profiles(args) -> int:
     return 0
 
 
+def window_gpus_arg(c, items: list[str]) -> dict[str, int]:
+    """--gpus rtx4090:2 (repeatable; `none` for none), checked against the catalog's GPU
+    types and what the machine has (a class cannot be promised more than there is)."""
+    from meterhub.billing_hooks.settings import pass_capacity
+    from meterhub.spawner.catalog import Catalog
+
+    if items == ["none"]:
+        return {}
+    types = Catalog(config=c).types()
+    capacity = pass_capacity(c)
+    result: dict[str, int] = {}
+    for item in items:
+        gpu_type, _, count = item.lower().partition(":")
+        if gpu_type not in types:
+            raise CliError(f"--gpus: no GPU type {gpu_type[:32]!r}: one of {', '.join(types)}")
+        if not count.isdigit() or int(count) < 1:
+            raise CliError(f"--gpus {item[:40]}: TYPE:COUNT, e.g. rtx4090:2")
+        result[gpu_type] = result.get(gpu_type, 0) + int(count)
+        have = None if capacity is None else capacity.get(gpu_type, 0)
+        if have is not None and result[gpu_type] > have:
+            raise CliError(
+                f"--gpus: {result[gpu_type]} {gpu_type} asked, this deployment has {have}"
+            )
+    return result
+
+
 def course_window(args) -> int:
-    _c, settings = load_settings(args)
+    c, settings = load_settings(args)
     ledger = settings.ledger()
     course = _course(ledger, args.name)
-    if not (args.weekly or args.on or args.clear or args.tz):
-        raise CliError("say what to change: --weekly, --on, --clear or --tz")
+    if not (args.weekly or args.on or args.clear or args.tz or args.gpus):
+        raise CliError("say what to change: --weekly, --on, --clear, --tz or --gpus")
+    gpus = None if not args.gpus else window_gpus_arg(c, args.gpus)
     try:
         lines = [labwindows.weekly(w) for w in args.weekly or ()]
         lines += [labwindows.once(w) for w in args.on or ()]
     except labwindows.WindowError as e:
         raise CliError(str(e)) from None
     updated = _ledger_call(
-        ledger.set_course_windows, course.name, lines, clear=args.clear, timezone=args.tz
+        ledger.set_course_windows,
+        course.name,
+        lines,
+        clear=args.clear,
+        timezone=args.tz,
+        gpus=gpus,
     )
     shown = "; ".join(w for w in updated.windows.splitlines()) or "none (GPUs at any time)"
     print(f"{course.name} lab windows ({updated.timezone}): {shown}")
+    if updated.window_gpus:
+        print(f"  reserved for the class during windows: {updated.window_gpus}")
     if updated.windows:
         print(f"  {lab_phrase(updated, ledger.clock())}")
     return 0
@@ -242,6 +276,8 @@ def course_show(args) -> int:
     print(f"pays for: {', '.join(course.profiles.split()) or 'any profile'}")
     windows = "; ".join(course.windows.splitlines())
     print(f"lab windows ({course.timezone}): {windows or 'none (GPUs at any time)'}")
+    if course.window_gpus:
+        print(f"  reserved for the class during windows: {course.window_gpus}")
     if windows:
         print(f"  {lab_phrase(course, ledger.clock())}")
     now = ledger.clock()
@@ -288,6 +324,12 @@ def add_commands(commands) -> None:
     window.add_argument("--on", action="append", metavar="2027-01-12T14:00/16:00")
     window.add_argument("--clear", action="store_true", help="remove every window first")
     window.add_argument("--tz", help="the course's time zone, e.g. Asia/Shanghai")
+    window.add_argument(
+        "--gpus",
+        action="append",
+        metavar="TYPE:COUNT",
+        help="GPUs reserved for the class during its windows (repeatable; `none` for none)",
+    )
     window.set_defaults(func=course_window)
     options = course.add_parser("set", help="the course's settings")
     options.add_argument("name")

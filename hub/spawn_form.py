@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import asyncio
 
-from meterhub.billing_hooks.courses import lab_phrase
+from meterhub.billing_hooks import labwindows
+from meterhub.billing_hooks.courses import lab_phrase, window_gpus
 from meterhub.billing_hooks.groups import MemberSpend
 from meterhub.billing_hooks.hooks import member_groups
 from meterhub.billing_hooks.money import (
@@ -116,6 +117,10 @@ def course_options(ledger, user: str) -> tuple[list[tuple[PayerOption, int]], st
             parts.append(f"pays for {', '.join(course.profiles.split())}")
         if course is not None and course.windows:
             parts.append(lab_phrase(course, now))
+            reserved = window_gpus(course)
+            if reserved and labwindows.current(course.windows.splitlines(), course.timezone, now):
+                held = ", ".join(f"{n} {t}" for t, n in sorted(reserved.items()))
+                parts.append(f"{held} GPU(s) reserved for the class")
         if not reason and not default:
             default = name
         options.append(

@@ -9,7 +9,7 @@ event loop (`asyncio.to_thread`).
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from contextlib import closing, contextmanager
 from datetime import UTC, datetime
 
@@ -26,6 +26,10 @@ CREATE TABLE IF NOT EXISTS gpu_allocation (
 );
 CREATE INDEX IF NOT EXISTS gpu_allocation_owner ON gpu_allocation (owner);
 """
+
+
+#: a reservation: a user's count, or a pool's (count, its members)
+Reserved = int | tuple[int, Sequence[str]]
 
 
 class NotEnoughGpus(RuntimeError):
@@ -79,12 +83,13 @@ class GpuAllocator:
         gpu_type: str,
         count: int,
         holder: str = "",
-        reserved: dict[str, int] | None = None,
+        reserved: Mapping[str, Reserved] | None = None,
     ) -> list[Gpu]:
         """Give `owner` (a server of user `holder`) `count` GPUs of `gpu_type`, exclusively.
 
         `reserved` maps users to how many GPUs of this type are reserved for them (pass
-        holders): what they reserved and do not use is not free for anyone else.
+        holders), or a pool's name to (count, its members) (a course's class during its lab
+        window): what they reserved and do not use is not free for anyone else.
         Idempotent: an owner that already holds exactly such an allocation gets it back;
         an owner holding something else (a stale allocation) has it replaced.
         """
@@ -102,7 +107,11 @@ class GpuAllocator:
                 name = known.display_name if known else gpu_type
                 raise NotEnoughGpus(
                     _shortage_message(name, count, max(0, len(free) - held_back), len(of_type))
-                    + (f" ({held_back} reserved for pass holders)" if held_back else "")
+                    + (
+                        f" ({held_back} reserved for pass holders or a lab class)"
+                        if held_back
+                        else ""
+                    )
                 )
             chosen = free[:count]
             now = datetime.now(UTC).isoformat()
@@ -113,18 +122,21 @@ class GpuAllocator:
             )
             return chosen
 
-    def _held_back(self, db, gpu_type: str, holder: str, reserved: dict[str, int]) -> int:
-        """GPUs of a type reserved for other users and not in use by them."""
+    def _held_back(self, db, gpu_type: str, holder: str, reserved: Mapping[str, Reserved]) -> int:
+        """GPUs of a type reserved for other users (or pools `holder` is not in) and not in
+        use by them."""
         in_use: dict[str, int] = {}
         for (user,) in db.execute(
             "SELECT holder FROM gpu_allocation WHERE gpu_type = ?", (gpu_type,)
         ):
             in_use[user] = in_use.get(user, 0) + 1
-        return sum(
-            max(0, count - in_use.get(user, 0))
-            for user, count in reserved.items()
-            if user != holder
-        )
+        held = 0
+        for key, value in reserved.items():
+            count, members = (value, (key,)) if isinstance(value, int) else value
+            if holder in members:
+                continue
+            held += max(0, count - sum(in_use.get(user, 0) for user in set(members)))
+        return held
 
     def release(self, owner: str) -> list[int]:
         with self._transaction() as db:
@@ -141,7 +153,7 @@ class GpuAllocator:
             return dict(db.execute("SELECT gpu_index, owner FROM gpu_allocation"))
 
     def availability(
-        self, holder: str = "", reserved: dict[str, dict[str, int]] | None = None
+        self, holder: str = "", reserved: Mapping[str, Mapping[str, Reserved]] | None = None
     ) -> dict[str, tuple[int, int]]:
         """(total, free for `holder`) by GPU type, for every type in the catalog."""
         with self._transaction() as db:

@@ -819,13 +819,15 @@ class LocalGPUSpawner(CatalogOptions, LocalProcessSpawner):
     gpu_reservations = Any(
         None,
         help="""
-        Optional (async) callable `f(spawner) -> {gpu_type: {user_name: count}}` of GPUs
-        reserved for users (e.g. pass holders): what they reserved and do not use is not
-        handed to anyone else. The hub sets it from billing; the spawner knows no more.
+        Optional (async) callable `f(spawner) -> {gpu_type: {key: reservation}}` of GPUs
+        reserved for users (a user's name: a count, e.g. a pass holder's) or for pools (a
+        pool's name: (count, its members), e.g. a course's class in its lab window): what
+        they reserved and do not use is not handed to anyone else. The hub sets it from
+        billing; the spawner knows no more.
         """,
     ).tag(config=True)
 
-    async def current_reservations(self) -> dict[str, dict[str, int]]:
+    async def current_reservations(self) -> dict[str, dict]:
         if self.gpu_reservations is None:
             return {}
         return await maybe_future(self.gpu_reservations(self))

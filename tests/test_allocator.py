@@ -94,3 +94,22 @@ def test_reserved_gpus_are_kept_for_their_holder(db):
     assert len(alloc.allocate("3/", "a800", 2, holder="holder", reserved=reserved)) == 2
     alloc.release("1/")
     assert alloc.availability("third", {"a800": reserved})["a800"] == (4, 2)
+
+
+def test_a_pool_reservation_is_kept_for_any_of_its_members(db):
+    alloc = GpuAllocator(db, INVENTORY)  # 4 × A800
+    reserved = {"course:ml101": (2, ("amy", "bob")), "pia": 1}
+    # a stranger finds 1 free: 2 kept for the class, 1 for pia's pass
+    assert alloc.availability("eve", {"a800": reserved})["a800"] == (4, 1)
+    with pytest.raises(NotEnoughGpus, match=r"3 reserved for pass holders or a lab class"):
+        alloc.allocate("eve/", "a800", 2, holder="eve", reserved=reserved)
+    # a student of the class finds the class's 2 and what is free for all
+    assert alloc.availability("amy", {"a800": reserved})["a800"] == (4, 3)
+    assert len(alloc.allocate("amy/", "a800", 1, holder="amy", reserved=reserved)) == 1
+    # one of the class's two is in use by amy: one is still kept for bob
+    assert alloc.availability("eve", {"a800": reserved})["a800"] == (4, 1)
+    assert len(alloc.allocate("bob/", "a800", 1, holder="bob", reserved=reserved)) == 1
+    assert alloc.availability("eve", {"a800": reserved})["a800"] == (4, 1)  # pia's is kept
+    assert len(alloc.allocate("eve/", "a800", 1, holder="eve", reserved=reserved)) == 1
+    with pytest.raises(NotEnoughGpus):
+        alloc.allocate("cy/", "a800", 1, holder="cy", reserved=reserved)

@@ -174,13 +174,18 @@ def test_outside_the_lab_window_gpus_are_refused_with_the_next_lab_and_debug_sta
     # during a window (today and tomorrow, all day: no midnight in between) the GPU starts
     days = [labwindows.DAYS[(now + datetime.timedelta(days=d)).weekday()] for d in (0, 1)]
     args = [a for d in days for a in ("--weekly", f"{d} 00:00-24:00")]
-    out = ok(cli(course, "course", "window", COURSE, "--clear", *args))
-    assert "lab now, until" in out
+    out = ok(cli(course, "course", "window", COURSE, "--clear", *args, "--gpus", "rtx4090:1"))
+    assert "lab now, until" in out and "reserved for the class during windows: rtx4090:1" in out
+    refused(cli(course, "course", "window", COURSE, "--gpus", "rtx4090:2"), "this deployment has 1")
+    # the class's GPU is kept from everyone else, even paying their own money
+    r = course.api("POST", "/users/eve/server", json={"profile": "rtx4090", "gpus": "1"})
+    assert r.status_code == 409 and "reserved for pass holders or a lab class" in r.text, r.text
+    until(lambda: course.server("eve") is None, "eve's refused spawn to clear")
     course.spawn("bob", {"profile": "rtx4090", "gpus": "1", "wallet": f"course:{COURSE}"})
     (session,) = course.ledger.open_sessions("bob")
     assert (session.profile, session.gpus) == ("rtx4090", 1)
     course.stop_server("bob")
-    ok(cli(course, "course", "window", COURSE, "--clear"))
+    ok(cli(course, "course", "window", COURSE, "--clear", "--gpus", "none"))
     assert course.ledger.audit() == []
 
 

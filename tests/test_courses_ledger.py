@@ -363,3 +363,19 @@ def test_before_a_lab_window_ends_gpu_students_are_warned_and_after_it_stopped()
     ledger.set_course_options("ml101", debug_outside_windows=False)
     clock.advance(60)
     assert ("bob", "") in run_pass(meter).to_stop
+
+
+def test_a_course_reserves_its_window_gpus_for_its_students_only_during_a_window():
+    tz = "Asia/Shanghai"
+    tuesday_2pm = at("2027-02-02T14:00", tz)
+    ledger, clock, _hub, _meter = setup(start=tuesday_2pm - 60)
+    ledger.set_course_windows("ml101", ["weekly Tue 14:00-16:00"], timezone=tz, gpus={"rtx4090": 2})
+    assert ledger.window_reservations() == {}  # a minute before the lab
+    clock.advance(60)
+    assert ledger.window_reservations() == {"rtx4090": {"course:ml101": (2, ("amy", "bob"))}}
+    clock.advance(7200)
+    assert ledger.window_reservations() == {}
+    ledger.set_course_windows("ml101", gpus={})
+    assert ledger.course("ml101").window_gpus == ""
+    with pytest.raises(LedgerError, match="TYPE:COUNT"):
+        ledger.set_course_windows("ml101", gpus={"rtx4090": -1})
