@@ -16,11 +16,15 @@
 from __future__ import annotations
 
 import datetime
+import hashlib
+import json
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from sqlalchemy import func, select
+from sqlalchemy.exc import IntegrityError
 
 from . import labwindows
 from .orm import (
@@ -157,9 +161,10 @@ class Courses:
         instructors: Sequence[str] = (),
         tas: Sequence[str] = (),
         timezone: str = "UTC",
+        lti_key: str | None = None,
     ) -> CourseSettings:
         """A course with an empty wallet and its staff; refused when a group or course of
-        that name exists."""
+        that name exists (or, from an LMS, one with that `lti_key`)."""
         from .groups import check_group_name
 
         name = check_group_name(name)
@@ -187,6 +192,7 @@ class Courses:
                 timezone=timezone,
                 debug_outside_windows=True,
                 at_window_end="stop",
+                lti_key=lti_key,
             )
             db.add(course)
             db.add(
@@ -203,6 +209,46 @@ class Courses:
                 db.add(CourseMember(course_name=name, user_name=user, role=role, added_at=now))
             db.flush()
             return course
+
+    def lti_launch(
+        self, issuer: str, deployment: str, context: str, label: str, user: str, role: str | None
+    ) -> str:
+        """An LTI 1.3 launch: the course of (issuer, deployment, context), made the first
+        time and named after the context's label; `user`'s roster line set to `role` (None:
+        taken off it). Returns the course's name."""
+        _check_user(user)
+        if role is not None and role not in COURSE_ROLES:
+            raise LedgerError(f"role: one of {', '.join(COURSE_ROLES)}")
+        if any(len(part) > 255 for part in (issuer, deployment, context)):
+            raise LedgerError("an LTI issuer, deployment or context id is too long")
+        key = json.dumps([issuer, deployment, context])
+        for _attempt in range(2):
+            with self.begin() as db:
+                found = db.scalars(
+                    select(CourseSettings).where(CourseSettings.lti_key == key)
+                ).first()
+                name = found.name if found is not None else _lti_name(db, label, key)
+            if found is not None:
+                break
+            try:
+                self.create_course(name, f"lti:{issuer}"[:255], lti_key=key)
+                break
+            except (LedgerError, IntegrityError):
+                continue  # a concurrent first launch made it: find it by its key
+        else:
+            raise LedgerError(f"cannot make a course for the LTI context {context[:64]!r}")
+        with self.begin() as db:
+            member = _member(db, name, user)
+            if role is None:
+                if member is not None:
+                    db.delete(member)
+            elif member is None:
+                db.add(
+                    CourseMember(course_name=name, user_name=user, role=role, added_at=self.clock())
+                )
+            else:
+                member.role = role
+        return name
 
     def course(self, name: str) -> CourseSettings | None:
         with self.begin() as db:
@@ -815,6 +861,19 @@ def lab_phrase(course: CourseSettings, now: int) -> str:
     if upcoming is None:
         return "no lab scheduled"
     return f"next lab: {labwindows.phrase(upcoming[0], course.timezone, now)}"
+
+
+def _lti_name(db: Session, label: str, key: str) -> str:
+    """A free course name from an LMS context's label: lower case, other characters as
+    "-", with a short digest of its key when the plain name is taken."""
+    from .groups import check_group_name
+
+    slug = re.sub(r"[^a-z0-9._-]+", "-", label.lower())[:50].strip("-._") or "course"
+    digest = hashlib.sha256(key.encode()).hexdigest()[:6]
+    for name in (slug, f"{slug}-{digest}"):
+        if group_settings(db, name) is None:
+            return check_group_name(name)
+    raise LedgerError(f"the course names {slug!r} and {slug}-{digest!r} are taken")
 
 
 def _course(db: Session, name: str) -> CourseSettings | None:

@@ -332,6 +332,18 @@ def apply_auth(site: dict, c: Config) -> Config:
         templates = os.path.join(os.path.dirname(nativeauthenticator.__file__), "templates")
         c.JupyterHub.template_paths = [TEMPLATES, templates]
         return c
+    if auth["type"] == "lti13":
+        lti = auth.get("lti13") or {}
+        c.JupyterHub.authenticator_class = "meterhub.hub.lti.MeterLTI13Authenticator"
+        section = c.LTI13Authenticator
+        section.issuer = lti.get("issuer", "")
+        section.client_id = set(lti.get("client_id", []))
+        section.authorize_url = lti.get("authorize_url", "")
+        section.jwks_endpoint = lti.get("jwks_endpoint", "")
+        section.username_key = lti.get("username_key", "email")
+        # the LMS decides who launches; each launch says the course and the role
+        section.allow_all = True
+        return c
     oauth = dict(auth.get("oauth", {}))
     kind = auth["type"]
     c.JupyterHub.authenticator_class = OAUTH_CLASSES[kind]
