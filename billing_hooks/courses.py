@@ -106,6 +106,7 @@ class RosterRow:
     """One person on a course's roster as its console shows them."""
 
     user: str
+    #: student | ta | instructor, or "former": off the roster, still running on the course
     role: str
     full_name: str
     email: str
@@ -211,11 +212,19 @@ class Courses:
             return course
 
     def lti_launch(
-        self, issuer: str, deployment: str, context: str, label: str, user: str, role: str | None
+        self,
+        issuer: str,
+        deployment: str,
+        context: str,
+        label: str,
+        user: str,
+        role: str | None,
+        taken: Iterable[str] = (),
     ) -> str:
         """An LTI 1.3 launch: the course of (issuer, deployment, context), made the first
-        time and named after the context's label; `user`'s roster line set to `role` (None:
-        taken off it). Returns the course's name."""
+        time and named after the context's label (never one of `taken`: the hub's groups
+        that are not courses); `user`'s roster line set to `role` (None: taken off it).
+        Returns the course's name."""
         _check_user(user)
         if role is not None and role not in COURSE_ROLES:
             raise LedgerError(f"role: one of {', '.join(COURSE_ROLES)}")
@@ -227,7 +236,7 @@ class Courses:
                 found = db.scalars(
                     select(CourseSettings).where(CourseSettings.lti_key == key)
                 ).first()
-                name = found.name if found is not None else _lti_name(db, label, key)
+                name = found.name if found is not None else _lti_name(db, label, key, taken)
             if found is not None:
                 break
             try:
@@ -534,6 +543,19 @@ class Courses:
         assert course_wallet is not None  # made with the course, in one transaction
         allowance = self._allowance_wallet(db, course.name, user)
         base = f"allowance:{course.name}/{user}"
+        member = _member(db, course.name, user)
+        if member is None or member.role != "student":
+            # no longer a student: the course pays nothing more, and takes back what is left
+            if allowance.balance_micros != 0:
+                self._move(
+                    db,
+                    course_wallet,
+                    allowance,
+                    -allowance.balance_micros,
+                    f"{base}:left:{now}",
+                    "off the roster: what was left returns to the course",
+                )
+            return course_wallet, allowance
         if course.expires_at is not None and now >= course.expires_at:
             key = f"{base}:expired:{course.expires_at}"
             done = db.scalar(select(Entry.id).where(Entry.key == f"{key}:student"))
@@ -612,17 +634,34 @@ class Courses:
                 owners = select(W.owner_name).where(
                     W.owner_kind == "allowance", W.owner_name.startswith(prefix, autoescape=True)
                 )
+                holding = {
+                    owner[len(prefix) :]
+                    for owner in db.scalars(owners.where(W.balance_micros != 0))
+                }
                 if expired:
-                    owners = owners.where(W.balance_micros != 0)
+                    users = sorted(holding)
                 else:
-                    owners = owners.where(
+                    paying = owners.where(
                         W.id.in_(
                             select(MeteredSession.wallet_id).where(
                                 MeteredSession.stopped_at.is_(None)
                             )
                         )
                     )
-                users = [owner[len(prefix) :] for owner in db.scalars(owners.order_by(W.id))]
+                    students = set(
+                        db.scalars(
+                            select(CourseMember.user_name).where(
+                                CourseMember.course_name == course.name,
+                                CourseMember.role == "student",
+                            )
+                        )
+                    )
+                    # those paying for a server now, and what the course's former students
+                    # still hold (it returns to the course)
+                    users = sorted(
+                        {owner[len(prefix) :] for owner in db.scalars(paying)}
+                        | (holding - students)
+                    )
                 if not users:
                     continue
                 locked = self._require_course(db, course.name)
@@ -744,6 +783,14 @@ class Courses:
                     row.spent_micros = 0 if wid is None else -int(spent.get(wid) or 0)
                     row.left_micros = self._left(db, course, wid, balance, course_wallet, now)
                 rows.append(row)
+            listed = {m.user_name for m in members}
+            for user, (wid, _balance) in sorted(wallets.items()):
+                mine = [(s, costs.get(s.id, 0)) for s in running if s.wallet_id == wid]
+                if user not in listed and mine:
+                    # off the roster since, still on the course's money until the meter stops it
+                    row = RosterRow(user, "former", "", "", running=mine)
+                    row.last_active = active.get(user)
+                    rows.append(row)
             return CourseView(
                 course=course,
                 balance_micros=course_wallet.balance_micros,
@@ -863,15 +910,16 @@ def lab_phrase(course: CourseSettings, now: int) -> str:
     return f"next lab: {labwindows.phrase(upcoming[0], course.timezone, now)}"
 
 
-def _lti_name(db: Session, label: str, key: str) -> str:
+def _lti_name(db: Session, label: str, key: str, taken: Iterable[str] = ()) -> str:
     """A free course name from an LMS context's label: lower case, other characters as
     "-", with a short digest of its key when the plain name is taken."""
     from .groups import check_group_name
 
     slug = re.sub(r"[^a-z0-9._-]+", "-", label.lower())[:50].strip("-._") or "course"
     digest = hashlib.sha256(key.encode()).hexdigest()[:6]
+    reserved = set(taken)
     for name in (slug, f"{slug}-{digest}"):
-        if group_settings(db, name) is None:
+        if group_settings(db, name) is None and name not in reserved:
             return check_group_name(name)
     raise LedgerError(f"the course names {slug!r} and {slug}-{digest!r} are taken")
 

@@ -14,8 +14,9 @@ Billing reads the scopes JupyterHub reports for the token a request carries:
   filtered to the group: a PI may stop a member's server, never start or open one.
 - `custom:meterhub:course-staff!group=NAME` (TAs and instructors) and
   `custom:meterhub:course-instructor!group=NAME` (instructors: money and settings): a
-  course's console, its roster's state and usage; their roles give the same JupyterHub
-  scopes as a group admin's, filtered to the course's group (its students).
+  course's console, its roster's state and usage, stopping what the course pays for; their
+  roles give JupyterHub's read scopes filtered to the course's group (its students), never
+  delete:servers (a student's own-money server is not the course's to stop).
 - any token that reaches the billing service may read its owner's own wallet, usage and
   notifications, and mark its owner's notifications read.
 """
@@ -105,15 +106,16 @@ def group_admin_role(group: str, users: Sequence[str] = ()) -> dict:
 
 
 def course_role(course: str, role: str, users: Sequence[str] = ()) -> dict:
-    """The role of a course's TAs ("ta") or instructors ("instructor"): JupyterHub's scopes
-    filtered to the course's group (its students), the course-staff scope and, for
-    instructors, the course-instructor scope. Never start or open a student's server."""
+    """The role of a course's TAs ("ta") or instructors ("instructor"): JupyterHub's read
+    scopes filtered to the course's group (its students), the course-staff scope and, for
+    instructors, the course-instructor scope. Never start, open or stop a student's server
+    through JupyterHub: the console stops only what the course pays for (a student's own
+    money is theirs), deciding from the course-staff scope."""
     only = f"!group={course}"
     scopes = [
         f"list:users{only}",
         f"read:users{only}",
         f"read:servers{only}",
-        f"delete:servers{only}",
         f"read:groups{only}",
         f"{COURSE_STAFF_SCOPE}{only}",
         BILLING_ACCESS,

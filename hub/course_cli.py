@@ -19,7 +19,7 @@ from meterhub.billing_hooks.orm import AT_WINDOW_END, CAP_PERIODS, COURSE_ROLES
 from meterhub.billing_hooks.wallets import period_phrase
 
 from .billing_cli import CliError, cli_actor, load_settings
-from .group_cli import _applied
+from .group_cli import _applied, hub_group_properties
 
 #: a roster file's size, and its lines
 MAX_ROSTER_BYTES = 2 * 1024 * 1024
@@ -43,6 +43,12 @@ def _ledger_call(call, *args, **kwargs):
 def course_create(args) -> int:
     c, settings = load_settings(args)
     ledger = settings.ledger()
+    existing = hub_group_properties(c, args.name.lower())
+    if existing is not None and not existing.get("course"):
+        raise CliError(
+            f"the hub has a group named {args.name.lower()!r} already: a course of that name"
+            " would replace its members with the roster; choose another name"
+        )
     made = _ledger_call(
         ledger.create_course,
         args.name,

@@ -2,8 +2,9 @@
 course wallet and its runway, the usage CSV, and a launch-link builder for nbgitpuller.
 
 For the course's TAs and instructors (custom:meterhub:course-staff!group=NAME) and billing
-admins; Stop needs JupyterHub's delete:servers filtered to the course's group, which their
-roles hold. They stop only what the course pays for: a student's own money is their own.
+admins. Stop and Stop all reach only what the course pays for, a student's own money being
+their own: the page decides from the course-staff scope and the ledger, and the hub stops
+the server itself (the staff's roles hold no delete:servers).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from tornado import web
 from meterhub.billing_hooks import actions
 from meterhub.billing_hooks.courses import lab_phrase
 from meterhub.billing_hooks.groups import runway, runway_phrase
-from meterhub.billing_hooks.scopes import instructs, may_stop_in, teaches
+from meterhub.billing_hooks.scopes import instructs, teaches
 from meterhub.billing_hooks.wallets import GROUP_NAME, fold
 
 from .group_pages import stop_server_for
@@ -93,7 +94,7 @@ class CoursePage(MeterhubPage):
                 "lab": lab_phrase(course, now) if course.windows else "",
                 "signed_up": set(self.students),
                 "running_count": sum(len(r.running) for r in view.roster),
-                "may_stop": may_stop_in(self.expanded_scopes, name),
+                "may_stop": teaches(self.expanded_scopes, name),
                 "instructor": instructs(self.expanded_scopes, name),
                 "choices": choices,
                 "link": link,
@@ -131,12 +132,6 @@ class CoursePage(MeterhubPage):
         view = await asyncio.to_thread(ledger.course_view, self.course)
         return {(r.user, s.server_name) for r in view.roster for s, _cost in r.running}
 
-    def require_stop(self) -> None:
-        if not may_stop_in(self.expanded_scopes, self.course):
-            raise web.HTTPError(
-                403, "Stopping students' servers needs delete:servers!group=%s", self.course
-            )
-
     @web.authenticated
     async def get(self, course):
         await self.authorize_course(course)
@@ -149,7 +144,6 @@ class CourseStopPage(CoursePage):
     @web.authenticated
     async def post(self, course):
         await self.authorize_course(course)
-        self.require_stop()
         name = self.get_body_argument("user", "").strip()
         server_name = self.get_body_argument("server", "")
         if (name, server_name) not in await self.course_paid():
@@ -167,7 +161,6 @@ class CourseStopAllPage(CoursePage):
     @web.authenticated
     async def post(self, course):
         await self.authorize_course(course)
-        self.require_stop()
         paid = sorted(await self.course_paid())
         stopped, errors = 0, []
         for name, server_name in paid:

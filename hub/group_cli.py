@@ -178,6 +178,33 @@ def group_show(args) -> int:
     return 0
 
 
+def hub_group_properties(c, group: str) -> dict | None:
+    """The properties of the hub's group `group` (exact name), or None when it has none
+    (read only, from the hub's database)."""
+    import json
+    import os
+
+    from sqlalchemy import create_engine, text
+
+    url = c.JupyterHub.db_url
+    if url.startswith("sqlite:///") and not os.path.exists(url[len("sqlite:///") :]):
+        return None
+    engine = create_engine(url)
+    try:
+        with engine.connect() as conn:
+            row = conn.execute(
+                text("SELECT properties FROM groups WHERE name = :g"), {"g": group}
+            ).first()
+    except Exception:
+        return None  # no hub database yet
+    finally:
+        engine.dispose()
+    if row is None:
+        return None
+    value = row[0]
+    return (json.loads(value) if isinstance(value, str) else value) or {}
+
+
 def hub_members(c, group: str) -> list[str]:
     """The members of a hub group, read from the hub's database (read only)."""
     import os

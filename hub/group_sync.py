@@ -125,6 +125,15 @@ def mirror_students(db, course: str, students: list[str]) -> None:
     if group is None:
         group = orm.Group(name=course, properties={"course": True})
         db.add(group)
+    elif not (group.properties or {}).get("course"):
+        # a hub group of that name that the course did not make: replacing its members
+        # would hand its scopes and allowed profiles to the roster
+        log.warning(
+            "Course %s: the hub has a group of that name that is not the course's; its"
+            " students are not mirrored into it (rename the course or the group)",
+            course,
+        )
+        return
     wanted = set(students)
     for user in list(group.users):
         if user.name not in wanted:

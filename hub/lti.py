@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import logging
 
+from jupyterhub import orm
 from ltiauthenticator.lti13.auth import LTI13Authenticator
 from ltiauthenticator.lti13.handlers import LTI13LoginInitHandler
 from tornado import web
@@ -92,7 +93,14 @@ class MeterLTI13Authenticator(LTI13Authenticator):
         facts = launch_facts(data or {})
         if facts is not None:
             role = course_role((data or {}).get(f"{LTI}roles"))
+            # the hub's own groups (not courses') are no course's name: the sync would
+            # hand their scopes and profiles to the roster
+            taken = {
+                g.name
+                for g in handler.db.query(orm.Group)
+                if not (g.properties or {}).get("course")
+            }
             ledger = await BillingSettings(config=self.config).ledger_async()
-            course = await asyncio.to_thread(ledger.lti_launch, *facts, name, role)
+            course = await asyncio.to_thread(ledger.lti_launch, *facts, name, role, taken)
             log.info("LTI launch by %s into course %s as %s", name, course, role or "no role")
         return result
