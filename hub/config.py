@@ -446,6 +446,8 @@ PAGE_HANDLERS = [
     (r"/courses/([^/]+)/stop", "meterhub.hub.course_pages.CourseStopPage"),
     (r"/courses/([^/]+)/stop-all", "meterhub.hub.course_pages.CourseStopAllPage"),
     (r"/courses/([^/]+)/usage.csv", "meterhub.hub.course_pages.CourseUsageCsv"),
+    (r"/courses/([^/]+)/reset", "meterhub.hub.course_pages.CourseResetPage"),
+    (r"/courses/([^/]+)/restore", "meterhub.hub.course_pages.CourseRestorePage"),
 ]
 
 

@@ -1,5 +1,6 @@
 """The instructor console: a course's roster with who runs what, Stop and Stop all, the
-course wallet and its runway, the usage CSV, and a launch-link builder for nbgitpuller.
+course wallet and its runway, the usage CSV, a launch-link builder for nbgitpuller, and
+resetting a student's environment (archived first, restorable) on the local backend.
 
 For the course's TAs and instructors (custom:meterhub:course-staff!group=NAME) and billing
 admins. Stop and Stop all reach only what the course pays for, a student's own money being
@@ -10,6 +11,8 @@ the server itself (the staff's roles hold no delete:servers).
 from __future__ import annotations
 
 import asyncio
+import datetime
+import os
 import re
 import time
 from urllib.parse import urlencode, urlsplit
@@ -21,6 +24,8 @@ from meterhub.billing_hooks.courses import lab_phrase
 from meterhub.billing_hooks.groups import runway, runway_phrase
 from meterhub.billing_hooks.scopes import instructs, teaches
 from meterhub.billing_hooks.wallets import GROUP_NAME, fold
+from meterhub.spawner import disk_archive
+from meterhub.spawner.local import disk_dirname
 
 from .group_pages import stop_server_for
 from .group_sync import find_group
@@ -82,6 +87,9 @@ class CoursePage(MeterhubPage):
         now = int(time.time())
         name = self.course
         link, link_error = self.built_link()
+        local = "LocalGPUSpawner" in str(
+            self.settings["config"].JupyterHub.get("spawner_class", "")
+        )
 
         def read():
             view = ledger.course_view(name, now)
@@ -100,6 +108,14 @@ class CoursePage(MeterhubPage):
                 "link": link,
                 "link_error": link_error,
                 "form": {k: self.get_argument(k, "") for k in ("repo", "branch", "path", "choice")},
+                "archives": {
+                    r.user: disk_archive.archives(archive_dir(self.settings["config"], r.user))
+                    for r in view.roster
+                    if r.role == "student"
+                }
+                if local
+                else {},
+                "local": local,
             }
 
         return await asyncio.to_thread(read)
@@ -171,6 +187,121 @@ class CourseStopAllPage(CoursePage):
                 stopped += 1
         message = f"Stopped {stopped} server(s) the course paid for; their files are kept."
         await self.show(message=message, error=" ".join(errors))
+
+
+def archive_dir(config, user: str) -> str:
+    """Where a user's disk archives are kept: `<data_dir>/archives/<disk folder>` (0700,
+    the hub's alone: staff restore archives, never open them)."""
+    return os.path.join(config.LocalGPUSpawner.data_dir, "archives", disk_dirname(user))
+
+
+class CourseResetPage(CoursePage):
+    """POST /hub/courses/NAME/reset: archive a student's disk, empty it, and copy the
+    course's materials (`<public pool>/courses/NAME/`) into `NAME/` on it."""
+
+    async def student_disk(self, name: str):
+        """The stopped student's spawner on the local backend, or a page error."""
+        if not any(
+            r.user == name and r.role == "student"
+            for r in (await asyncio.to_thread(self.ledger_view)).roster
+        ):
+            await self.show(error=f"{name[:64]!r} is not a student of {self.course}.", status=404)
+            return None
+        user = self.find_user(name)
+        if user is None:
+            await self.show(error=f"{name} has not signed in yet: no disk.", status=404)
+            return None
+        if any(spawner.active for spawner in user.spawners.values()):
+            await self.show(error=f"Stop {name}'s server first.", status=409)
+            return None
+        spawner = user.spawners[""]
+        if not hasattr(spawner, "disk_path"):
+            await self.show(error="Resetting a disk is for the local backend only.", status=400)
+            return None
+        return spawner
+
+    def ledger_view(self):
+        return self.billing.ledger().course_view(self.course)
+
+    @web.authenticated
+    async def post(self, course):
+        await self.authorize_course(course)
+        name = self.get_body_argument("user", "").strip()
+        if self.get_body_argument("confirm", "") != "yes":
+            await self.show(error="Tick the box to confirm the reset.", status=400)
+            return
+        spawner = await self.student_disk(name)
+        if spawner is None:
+            return
+        materials = os.path.join(spawner.pool_dir or "", "courses", self.course)
+
+        def reset() -> tuple[str, int]:
+            disk = spawner.disk_path
+            if not os.path.isdir(disk):
+                os.makedirs(disk, mode=0o700)
+                if spawner.run_as:
+                    os.chown(disk, *spawner.run_as)
+            saved = disk_archive.archive_disk(
+                disk, archive_dir(self.settings["config"], name), f"reset-{self.course}", _now()
+            )
+            disk_archive.empty_disk(disk)
+            copied = 0
+            if spawner.pool_dir and os.path.isdir(materials):
+                copied = disk_archive.copy_materials(
+                    materials, os.path.join(disk, self.course), spawner.run_as
+                )
+            return saved, copied
+
+        try:
+            saved, copied = await asyncio.to_thread(reset)
+        except (disk_archive.ArchiveError, OSError) as e:
+            await self.show(error=f"The reset failed: {e}", status=500)
+            return
+        self.log.info("%s reset %s's disk (archive %s)", self.current_user.name, name, saved)
+        what = (
+            f"the course materials ({copied} files) are in {self.course}/"
+            if copied
+            else "the course has no materials folder, so the disk is empty"
+        )
+        await self.show(message=f"Reset {name}'s environment: archived as {saved}; {what}.")
+
+
+class CourseRestorePage(CourseResetPage):
+    """POST /hub/courses/NAME/restore: put a student's archived disk back (the current
+    state is archived first)."""
+
+    @web.authenticated
+    async def post(self, course):
+        await self.authorize_course(course)
+        name = self.get_body_argument("user", "").strip()
+        wanted = self.get_body_argument("archive", "")
+        spawner = await self.student_disk(name)
+        if spawner is None:
+            return
+        folder = archive_dir(self.settings["config"], name)
+        if wanted not in await asyncio.to_thread(disk_archive.archives, folder):
+            await self.show(error=f"{name} has no archive {wanted[:100]!r}.", status=404)
+            return
+
+        def restore() -> str:
+            disk = spawner.disk_path
+            os.makedirs(disk, mode=0o700, exist_ok=True)
+            saved = disk_archive.archive_disk(disk, folder, "before-restore", _now())
+            disk_archive.restore_disk(disk, os.path.join(folder, wanted), spawner.run_as)
+            return saved
+
+        try:
+            saved = await asyncio.to_thread(restore)
+        except (disk_archive.ArchiveError, OSError) as e:
+            await self.show(error=f"The restore failed: {e}", status=500)
+            return
+        await self.show(
+            message=f"Restored {name}'s disk from {wanted}; what it held is archived as {saved}."
+        )
+
+
+def _now() -> datetime.datetime:
+    return datetime.datetime.now(datetime.UTC)
 
 
 class CourseUsageCsv(CoursePage):

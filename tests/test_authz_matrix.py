@@ -202,6 +202,17 @@ PAGES = {
         page_row(403, 403, 404, 403, 404),
     ),
     ("POST", "/courses/([^/]+)/stop-all"): ({}, page_row(403, 403, 200, 403, 200)),
+    # amy's server runs: the staff get past every gate to "stop it first"
+    ("GET", "/courses/([^/]+)/reset"): (None, page_row(302, 403, 200, 403, 200)),
+    ("POST", "/courses/([^/]+)/reset"): (
+        {"user": USER, "confirm": "yes"},
+        page_row(403, 403, 409, 403, 409),
+    ),
+    ("GET", "/courses/([^/]+)/restore"): (None, page_row(302, 403, 200, 403, 200)),
+    ("POST", "/courses/([^/]+)/restore"): (
+        {"user": USER, "archive": "20270101T000000Z-x.tar.gz"},
+        page_row(403, 403, 409, 403, 409),
+    ),
 }
 
 METHODS = ("get", "post", "put", "patch", "delete")

@@ -9,6 +9,7 @@ from __future__ import annotations
 import csv
 import functools
 import io
+import os
 import re
 import subprocess
 import threading
@@ -84,8 +85,12 @@ def lab_repository(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def course_hub(hub_factory, tmp_path_factory):
+    pool = tmp_path_factory.mktemp("pool")
+    (pool / "courses" / COURSE).mkdir(parents=True)
+    (pool / "courses" / COURSE / "week1.ipynb").write_text('{"cells": [], "nbformat": 4}')
     hub = hub_factory(
         {
+            "public_dir": str(pool),
             "gpus": [],
             "profiles": {"debug": {"price_per_hour": "36.00"}},
             "billing": {"meter_interval_seconds": 1},
@@ -241,3 +246,73 @@ def test_a_launch_link_pulls_the_repository_into_the_students_server(course_hub,
         assert notebook.status_code == 200, notebook.text
     finally:
         course_hub.stop_server("amy")
+
+
+def test_a_reset_archives_the_disk_copies_the_materials_and_a_restore_brings_it_back(
+    course_hub, browser
+):
+    if course_hub.server("amy") is not None:
+        course_hub.stop_server("amy")
+    disk = Path(course_hub.data_dir) / "disks" / "amy"
+    owner = disk.stat()
+    (disk / "mywork.txt").write_text("amy's notes")
+    os.chown(disk / "mywork.txt", owner.st_uid, owner.st_gid)
+    page = sign_in(browser, course_hub, "prof")
+    page.goto(f"{course_hub.url}/hub/courses/{COURSE}")
+    row = page.locator('#meterhub-roster tr[data-member="amy"]')
+    row.locator("summary").click()
+    row.locator("form.meterhub-reset-form input[name=confirm]").check()
+    with page.expect_navigation():
+        row.locator("form.meterhub-reset-form button").click()
+    message = page.locator("#meterhub-message").inner_text()
+    assert re.fullmatch(
+        r"Reset amy's environment: archived as \d{8}T\d{6}Z-reset-ml101\.tar\.gz; the course"
+        r" materials \(1 files\) are in ml101/\.",
+        message,
+    ), message
+    assert not (disk / "mywork.txt").exists()
+    copied = disk / COURSE / "week1.ipynb"
+    assert copied.read_text() == '{"cells": [], "nbformat": 4}'
+    assert (copied.stat().st_uid, copied.stat().st_gid) == (owner.st_uid, owner.st_gid)
+    archives = Path(course_hub.data_dir) / "archives" / "amy"
+    (archive,) = [p.name for p in archives.iterdir()]
+    assert oct(archives.stat().st_mode & 0o777) == "0o700"
+    assert oct((archives / archive).stat().st_mode & 0o777) == "0o600"
+    # restore: her notes come back, as hers; what the disk held is archived first
+    row = page.locator('#meterhub-roster tr[data-member="amy"]')
+    row.locator("summary").click()
+    row.locator("form.meterhub-restore-form select").select_option(archive)
+    with page.expect_navigation():
+        row.locator("form.meterhub-restore-form button").click()
+    assert "Restored amy's disk from" in page.locator("#meterhub-message").inner_text()
+    assert (disk / "mywork.txt").read_text() == "amy's notes"
+    assert (disk / "mywork.txt").stat().st_uid == owner.st_uid
+    assert not (disk / COURSE).exists()
+    assert len(list(archives.iterdir())) == 2
+    # refused: a running server, an archive that is not hers, and a student's own request
+    course_hub.spawn("amy", {"profile": "debug"})
+    try:
+        r = page.request.post(
+            f"{course_hub.url}/hub/courses/{COURSE}/reset",
+            form={"user": "amy", "confirm": "yes", "_xsrf": xsrf_of(page)},
+        )
+        assert r.status == 409 and "s server first." in r.text()
+    finally:
+        course_hub.stop_server("amy")
+    r = page.request.post(
+        f"{course_hub.url}/hub/courses/{COURSE}/restore",
+        form={"user": "amy", "archive": "../../../etc/passwd", "_xsrf": xsrf_of(page)},
+    )
+    assert r.status == 404
+    page.context.close()
+    student = sign_in(browser, course_hub, "amy")
+    r = student.request.post(
+        f"{course_hub.url}/hub/courses/{COURSE}/reset",
+        form={"user": "amy", "confirm": "yes", "_xsrf": xsrf_of(student)},
+    )
+    assert r.status == 403
+    student.context.close()
+
+
+def xsrf_of(page) -> str:
+    return next(c["value"] for c in page.context.cookies() if c["name"] == "_xsrf")
