@@ -32,7 +32,7 @@ from tornado import web
 
 from meterhub.spawner.catalog import PASS_PERIODS
 
-from . import actions
+from . import actions, course_actions
 from .courses import lab_phrase
 from .groups import month_bounds, runway, runway_phrase
 from .ledger import Ledger
@@ -66,6 +66,7 @@ ADMIN = "admin"  # a billing admin: custom:meterhub:admin or admin:users
 MEMBER = "member"  # a member of the group (their token may read their groups), or GROUP_ADMIN
 GROUP_ADMIN = "group-admin"  # custom:meterhub:group-admin!group=NAME, or a billing admin
 COURSE_STAFF = "course-staff"  # custom:meterhub:course-staff!group=NAME, or a billing admin
+COURSE_INSTRUCTOR = "course-instructor"  # custom:meterhub:course-instructor!group=NAME, or admin
 
 OPENAPI_PATH = Path(__file__).with_name("openapi.yaml")
 
@@ -366,6 +367,15 @@ class BillingHandler(HubOAuthenticated, web.RequestHandler):
                 "This needs custom:meterhub:course-staff!group=%s (the course's TAs and"
                 " instructors) or a billing admin's scope on the token",
                 name[:64],
+            )
+        if self.access[self.request.method] == COURSE_INSTRUCTOR and not instructs(
+            self.scopes, name
+        ):
+            raise web.HTTPError(
+                403,
+                "Changing a course needs custom:meterhub:course-instructor!group=%s (its"
+                " instructors; a TA's role has the console only)",
+                name,
             )
         if await asyncio.to_thread(self.ledger.course, name) is None:
             raise web.HTTPError(404, "No course %s", name[:64])
@@ -857,13 +867,23 @@ def course_json(view, currency: str, signed_up: Sequence[str], instructor: bool,
 
 
 class CourseHandler(BillingHandler):
-    """A course's console data, for its TAs and instructors."""
+    """A course's console data, for its TAs and instructors; its instructors change it."""
 
     fresh_auth = True
-    access = {"GET": COURSE_STAFF}
+    access = {"GET": COURSE_STAFF, "PATCH": COURSE_INSTRUCTOR}
+    path = "/courses/{course}"
 
     async def get(self, course):
+        await self.send_course(await self.authorize_course(course))
+
+    async def patch(self, course):
         name = await self.authorize_course(course)
+        body = self.body()
+        catalog = await self.catalog()
+        await self.act(course_actions.change_course, self.ledger, catalog, name, body)
+        await self.send_course(name)
+
+    async def send_course(self, name: str) -> None:
         view = await asyncio.to_thread(self.ledger.course_view, name)
         signed_up = await self.settings["group_members"](name) or []
         self.send(
@@ -874,6 +894,31 @@ class CourseHandler(BillingHandler):
                 instructs(self.scopes, name),
                 self.ledger.clock(),
             )
+        )
+
+
+class CourseRosterHandler(BillingHandler):
+    """An instructor imports the roster (the students are exactly these; staff named are
+    added or updated)."""
+
+    fresh_auth = True
+    access = {"PUT": COURSE_INSTRUCTOR}
+    path = "/courses/{course}/roster"
+
+    async def put(self, course):
+        name = await self.authorize_course(course)
+        body = self.body()
+        change = await self.act(
+            course_actions.import_roster, self.ledger, name, body["roster"], self.actor
+        )
+        self.send(
+            {
+                "course": name,
+                "added": change.added,
+                "removed": change.removed,
+                "changed": change.changed,
+                "unchanged": change.unchanged,
+            }
         )
 
 
@@ -956,6 +1001,7 @@ ROUTES: list[tuple[str, str, type[BillingHandler]]] = [
     ("/groups/{group}/usage", r"groups/([^/]+)/usage", GroupUsageHandler),
     ("/courses/{course}", r"courses/([^/]+)", CourseHandler),
     ("/courses/{course}/usage", r"courses/([^/]+)/usage", CourseUsageHandler),
+    ("/courses/{course}/roster", r"courses/([^/]+)/roster", CourseRosterHandler),
 ]
 
 

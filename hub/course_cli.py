@@ -11,7 +11,7 @@ import csv
 import datetime
 import io
 
-from meterhub.billing_hooks import actions, labwindows
+from meterhub.billing_hooks import actions, course_actions, labwindows
 from meterhub.billing_hooks.courses import RosterLine, lab_phrase
 from meterhub.billing_hooks.ledger import LedgerError
 from meterhub.billing_hooks.money import format_money
@@ -134,14 +134,11 @@ def course_allowance(args) -> int:
     expires = None
     if args.expires:
         try:
-            day = datetime.date.fromisoformat(args.expires)
-        except ValueError:
+            expires = course_actions.expiry(args.expires, course.timezone)
+        except actions.ActionError:
             raise CliError(
                 "--expires: a date, YYYY-MM-DD (the last day of the allowance)"
             ) from None
-        tz = labwindows.zone(course.timezone)
-        end = datetime.datetime.combine(day + datetime.timedelta(days=1), datetime.time(0), tz)
-        expires = int(end.timestamp())
     _ledger_call(ledger.set_allowance, course.name, micros, args.per, expires)
     if micros is None:
         print(f"{course.name}: no allowance; students cannot pay from the course")
@@ -159,19 +156,12 @@ def course_profiles(args) -> int:
     c, settings = load_settings(args)
     ledger = settings.ledger()
     course = _course(ledger, args.name)
-    choices = [] if args.choices == ["any"] else args.choices
     from meterhub.spawner.catalog import Catalog
 
-    profiles = Catalog(config=c).profiles()
-    for choice in choices:
-        slug, _, count = choice.lower().partition(":")
-        if slug not in profiles:
-            raise CliError(f"no profile {slug[:32]!r} in the catalog: one of {', '.join(profiles)}")
-        if count and profiles[slug].is_debug:
-            raise CliError(f"{slug} has no GPUs: write it without a count")
-        if count.isdigit() and int(count) not in profiles[slug].counts:
-            counts = ", ".join(str(n) for n in profiles[slug].counts)
-            raise CliError(f"{slug} starts with {counts} GPUs, not {count}")
+    try:
+        choices = course_actions.course_choices(Catalog(config=c), args.choices)
+    except actions.ActionError as e:
+        raise CliError(e.message) from None
     updated = _ledger_call(ledger.set_course_profiles, course.name, choices)
     print(f"{course.name} pays for: {', '.join(updated.profiles.split()) or 'any profile'}")
     return 0

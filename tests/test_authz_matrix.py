@@ -133,6 +133,15 @@ API = {
         None,
         row(403, 403, 403, 200, 403, 403, 403, 200, 403, 200, 200),
     ),
+    # changing it: its instructor and billing admins; not its TA
+    ("PATCH", "/courses/{course}"): (
+        {"debug_outside_windows": True},
+        row(403, 403, 403, 200, 403, 403, 403, 200, 403, 200, 403),
+    ),
+    ("PUT", "/courses/{course}/roster"): (
+        {"roster": [{"username": USER}]},
+        row(403, 403, 403, 200, 403, 403, 403, 200, 403, 200, 403),
+    ),
 }
 
 #: hub pages take a browser session (cookie + XSRF), never a token: a token there is anonymous

@@ -280,3 +280,65 @@ def test_the_console_api_shows_the_staff_who_runs_what_and_refuses_students(cour
         assert get("prof", "/courses/nope").status_code == 403  # not its staff: no 404 leak
     finally:
         course.stop_server("amy")
+
+
+def test_instructors_change_the_course_through_the_api_and_tas_cannot(course):
+    def call(who, method, path, **kwargs):
+        token = course.api("POST", f"/users/{who}/tokens", json={"note": "change"}).json()["token"]
+        return requests.request(
+            method,
+            f"{course.url}/services/billing/api/v1{path}",
+            headers={"Authorization": f"token {token}"},
+            timeout=60,
+            **kwargs,
+        )
+
+    until(
+        lambda: "meterhub-course-instructor-ml101" in roles(course, "prof")
+        and "meterhub-course-ta-ml101" in roles(course, "tara"),
+        "the staff's roles",
+    )
+    change = {
+        "allowance": {"amount": "8.00", "per": "month", "expires": "2099-06-30"},
+        "profiles": ["debug", "rtx4090:1"],
+        "windows": {"weekly": ["Wed 09:00-11:00"], "clear": True, "timezone": "Asia/Shanghai"},
+        "debug_outside_windows": True,
+    }
+    r = call("prof", "PATCH", f"/courses/{COURSE}", json=change)
+    assert r.status_code == 200, r.text
+    assert r.json()["allowance"]["amount"] == "8.00" and r.json()["windows"] == [
+        "weekly Wed 09:00-11:00"
+    ]
+    assert r.json()["allowance"]["expires"].startswith("2099-06-30T16:00:00")  # 24:00 CST
+    assert call("tara", "PATCH", f"/courses/{COURSE}", json=change).status_code == 403
+    # bad input: 400 naming the field, and nothing changes
+    for bad, words in (
+        ({"allowance": {"amount": "-1"}}, "allowance.amount"),
+        ({"profiles": ["a100"]}, "no profile 'a100'"),
+        ({"windows": {"weekly": ["Wed 11:00-09:00"]}}, "ends after it starts"),
+        ({"windows": {"timezone": "Mars/Base"}}, "unknown time zone"),
+        ({"allowance": {"amount": "5", "expires": "2027-02-30"}}, "expires"),
+        ({"nothing": 1}, "nothing"),
+        ({}, "body"),
+    ):
+        r = call("prof", "PATCH", f"/courses/{COURSE}", json=bad)
+        assert r.status_code == 400 and words in r.json()["message"], (bad, r.text)
+    after = call("prof", "GET", f"/courses/{COURSE}").json()
+    assert after["allowance"]["amount"] == "8.00" and after["windows"] == ["weekly Wed 09:00-11:00"]
+    # the roster from the LMS's export, as JSON
+    roster = {
+        "roster": [
+            {"username": "amy", "name": "Amy A", "email": "amy@uni.edu"},
+            {"username": "bob", "name": "Bob B"},
+            {"username": "newbie", "name": "New B", "role": "student"},
+        ]
+    }
+    r = call("prof", "PUT", f"/courses/{COURSE}/roster", json=roster)
+    assert r.status_code == 200 and r.json()["unchanged"] == 3, r.text
+    assert call("tara", "PUT", f"/courses/{COURSE}/roster", json=roster).status_code == 403
+    r = call(
+        "prof", "PUT", f"/courses/{COURSE}/roster", json={"roster": [{"username": "Bad Name"}]}
+    )
+    assert r.status_code == 400 and "invalid user name" in r.json()["message"]
+    ok(cli(course, "course", "window", COURSE, "--clear"))
+    ok(cli(course, "course", "allowance", COURSE, "5.00", "--per", "week"))
