@@ -66,6 +66,9 @@ class PassResult:
     unbilled: list[tuple[str, str]] = field(default_factory=list)
     #: (url, JSON body) of group budget alerts to POST to the groups' webhooks
     webhooks: list[tuple[str, dict]] = field(default_factory=list)
+    #: (user, server, course) to stop and start again in debug mode on the course (a lab
+    #: window ended for a course whose at_window_end is "debug")
+    to_debug: list[tuple[str, str, str]] = field(default_factory=list)
 
 
 class HubClient:
@@ -145,15 +148,26 @@ class HubClient:
             raise
         return list(json.loads(response.body).get("users") or [])
 
+    async def start_server(self, user: str, server_name: str, options: dict) -> None:
+        """Start a server with user options (the billing service may, for the users of
+        courses that restart in debug mode at a window's end: `servers!group=`)."""
+        await self.http.fetch(
+            self._request("POST", _server_path(user, server_name), body=json.dumps(options))
+        )
+
     async def stop_server(self, user: str, server_name: str) -> None:
-        path = f"/users/{quote(user, safe='')}/server"
-        if server_name:
-            path = f"/users/{quote(user, safe='')}/servers/{quote(server_name, safe='')}"
         try:
-            await self.http.fetch(self._request("DELETE", path))
+            await self.http.fetch(self._request("DELETE", _server_path(user, server_name)))
         except HTTPClientError as e:
             if e.code not in (400, 404):  # already stopped or stopping
                 raise
+
+
+def _server_path(user: str, server_name: str) -> str:
+    path = f"/users/{quote(user, safe='')}/server"
+    if server_name:
+        path = f"/users/{quote(user, safe='')}/servers/{quote(server_name, safe='')}"
+    return path
 
 
 def _active_servers(user: dict) -> dict[str, bool]:
@@ -235,11 +249,39 @@ class Meter:
                 server_name,
             )
             await self.hub.stop_server(user, server_name)
+        for user, server_name, course in dict.fromkeys(result.to_debug):
+            log.warning(
+                "Restarting %s/%s in debug mode: %s's lab is over", user, server_name, course
+            )
+            _RESTARTS.add(asyncio.ensure_future(self._restart_in_debug(user, server_name, course)))
+            for task in list(_RESTARTS):
+                if task.done():
+                    _RESTARTS.discard(task)
         for url, body in result.webhooks:
             await self._post_webhook(url, body)
         await self._stop_unbilled(listed, open_rows, result)
         self.last_pass_at = self.clock()
         return result
+
+    async def _restart_in_debug(self, user: str, server_name: str, course: str) -> None:
+        """Stop the server, wait until the hub has stopped it, and start it again in debug
+        mode on the same disk, paid by the course (a failure is logged: the server stays
+        stopped, its files kept, as with at_window_end stop)."""
+        try:
+            await self.hub.stop_server(user, server_name)
+            for _ in range(RESTART_WAIT_POLLS):
+                servers = await self.hub.user_servers(user)
+                if servers is None or server_name not in servers:
+                    break
+                await asyncio.sleep(1)
+            else:
+                log.warning("%s/%s did not stop in time: not restarted", user, server_name)
+                return
+            await self.hub.start_server(
+                user, server_name, {"profile": "debug", "wallet": f"course:{course}"}
+            )
+        except Exception:
+            log.exception("Could not restart %s/%s in debug mode", user, server_name)
 
     async def _confirm_absent(
         self, servers: dict[tuple[str, str], bool], open_rows: list, snapshot_at: int
@@ -514,16 +556,34 @@ class Meter:
                 else " Your files are kept."
             )
             if current is None:
-                result.to_stop.append((session.user_name, session.server_name))
+                restart = (
+                    course.at_window_end == "debug"
+                    and course.debug_outside_windows
+                    and session.gpus > 0
+                )
+                if restart:
+                    result.to_debug.append((session.user_name, session.server_name, course.name))
+                else:
+                    result.to_stop.append((session.user_name, session.server_name))
                 self.ledger.notify(
                     session.user_name,
                     f"lab-ended:{session.id}",
                     "stopped",
                     f"The {course.name} lab is over ({lab_phrase(course, now)}), so your {what}"
-                    " paid by the course was stopped." + after,
+                    " paid by the course was "
+                    + (
+                        "restarted in debug mode on the same disk: your files are there."
+                        if restart
+                        else "stopped." + after
+                    ),
                 )
                 continue
             end = labwindows.phrase(current[1], course.timezone, now)
+            then = (
+                "restarts in debug mode then, on the same disk."
+                if course.at_window_end == "debug" and course.debug_outside_windows and session.gpus
+                else "stops then." + after
+            )
             for minutes in self.warn_minutes:
                 if current[1] - now <= minutes * 60:
                     key = f"lab-end:{session.id}:{current[1]}:{minutes}"
@@ -532,8 +592,8 @@ class Meter:
                         key,
                         "warning",
                         f"The {course.name} lab ends at {end}, in"
-                        f" {format_duration(current[1] - now)}: your {what} paid by the course"
-                        " stops then." + after,
+                        f" {format_duration(current[1] - now)}: your {what} paid by the course "
+                        + then,
                     ):
                         result.notified.append(key)
 
@@ -594,6 +654,12 @@ class Meter:
                         " are kept.",
                     ):
                         result.notified.append(key)
+
+
+#: restarts in flight (the event loop keeps only weak references to tasks)
+_RESTARTS: set[asyncio.Future] = set()
+#: seconds a restart waits for the hub to stop the server
+RESTART_WAIT_POLLS = 120
 
 
 def _limited(users: dict, what: str) -> Iterable[str]:

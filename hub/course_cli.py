@@ -226,13 +226,13 @@ def course_set(args) -> int:
     _c, settings = load_settings(args)
     ledger = settings.ledger()
     course = _course(ledger, args.name)
-    if args.at_window_end == "debug":
-        # restarting in debug mode needs the meter to start servers, which it may not do
-        raise CliError(
-            "--at-window-end debug is not available yet: at a window's end the servers the"
-            " course pays for stop, their files kept, and the student may start debug mode"
-        )
     debug = None if args.debug_outside_windows is None else args.debug_outside_windows == "yes"
+    keeps_debug = course.debug_outside_windows if debug is None else debug
+    if (args.at_window_end or course.at_window_end) == "debug" and not keeps_debug:
+        raise CliError(
+            "--at-window-end debug restarts GPU servers in debug mode after a window: debug"
+            " mode must stay open outside windows (--debug-outside-windows yes)"
+        )
     updated = _ledger_call(
         ledger.set_course_options,
         course.name,
@@ -244,6 +244,8 @@ def course_set(args) -> int:
         f" {'yes' if updated.debug_outside_windows else 'no'}, at a window's end"
         f" {updated.at_window_end}"
     )
+    if args.at_window_end:
+        print(f"the meter's permission to restart servers follows; {_applied(_c)}")
     return 0
 
 

@@ -18,7 +18,12 @@ import logging
 
 from jupyterhub import orm, roles
 
-from meterhub.billing_hooks.scopes import LEDGER_ROLE_PREFIXES, course_role, group_admin_role
+from meterhub.billing_hooks.scopes import (
+    LEDGER_ROLE_PREFIXES,
+    course_restart_role,
+    course_role,
+    group_admin_role,
+)
 from meterhub.billing_hooks.wallets import fold
 
 log = logging.getLogger("meterhub.groups")
@@ -31,6 +36,9 @@ def group_admin_roles(ledger) -> list[dict]:
     for course, roster in ledger.course_rosters().items():
         roles.append(course_role(course, "ta", roster["ta"]))
         roles.append(course_role(course, "instructor", roster["instructor"]))
+    restarting = [c.name for c in ledger.courses() if c.at_window_end == "debug"]
+    if restarting:
+        roles.append(course_restart_role(restarting))
     return roles
 
 
@@ -87,6 +95,14 @@ def sync_roles(db, wanted: list[dict]) -> None:
             user = orm.User.find(db, name)
             if user is not None:
                 roles.grant_role(db, user, role, commit=False)
+        services = set(spec.get("services", ()))
+        for service in list(role.services):
+            if service.name not in services:
+                roles.strip_role(db, service, role, commit=False)
+        for name in services:
+            service = orm.Service.find(db, name)
+            if service is not None:
+                roles.grant_role(db, service, role, commit=False)
     db.commit()
 
 

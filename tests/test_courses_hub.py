@@ -294,8 +294,10 @@ def test_instructors_change_the_course_through_the_api_and_tas_cannot(course):
         )
 
     until(
-        lambda: "meterhub-course-instructor-ml101" in roles(course, "prof")
-        and "meterhub-course-ta-ml101" in roles(course, "tara"),
+        lambda: (
+            "meterhub-course-instructor-ml101" in roles(course, "prof")
+            and "meterhub-course-ta-ml101" in roles(course, "tara")
+        ),
         "the staff's roles",
     )
     change = {
@@ -342,3 +344,51 @@ def test_instructors_change_the_course_through_the_api_and_tas_cannot(course):
     assert r.status_code == 400 and "invalid user name" in r.json()["message"]
     ok(cli(course, "course", "window", COURSE, "--clear"))
     ok(cli(course, "course", "allowance", COURSE, "5.00", "--per", "week"))
+
+
+def test_at_a_windows_end_a_gpu_server_restarts_in_debug_mode_on_the_same_disk(course):
+    ok(cli(course, "course", "set", COURSE, "--at-window-end", "debug"))
+    until(
+        lambda: (
+            "meterhub-course-restarts" in [r["name"] for r in course.api("GET", "/roles").json()]
+            if course.api("GET", "/roles").status_code == 200
+            else True
+        ),
+        "the meter's restart role",
+    )
+    # a window from this minute to the next (or the one after, when this one is nearly
+    # over): the GPU starts inside it, and the meter acts at its end
+    now = datetime.datetime.now(labwindows.zone(TZ))
+    start = now.replace(second=0, microsecond=0)
+    end = start + datetime.timedelta(minutes=1 if now.second < 30 else 2)
+    if end.date() != start.date():
+        pytest.skip("the window would span midnight")
+    ok(
+        cli(
+            course,
+            "course",
+            "window",
+            COURSE,
+            "--clear",
+            "--on",
+            f"{start:%Y-%m-%dT%H:%M}/{end:%H:%M}",
+        )
+    )
+    course.spawn("bob", {"profile": "rtx4090", "gpus": "1", "wallet": f"course:{COURSE}"})
+    (gpu,) = course.ledger.open_sessions("bob")
+    assert gpu.profile == "rtx4090"
+
+    def restarted():
+        sessions = course.ledger.open_sessions("bob")
+        server = course.server("bob")
+        return sessions and sessions[0].profile == "debug" and server and server["ready"]
+
+    until(restarted, "bob's server to restart in debug mode", timeout=180)
+    (debug,) = course.ledger.open_sessions("bob")
+    assert debug.wallet_id == course.ledger.wallet_id(allowance_ref(COURSE, "bob"))
+    notes = [n.message for n in course.ledger.notifications("bob")]
+    assert any("restarted in debug mode on the same disk" in n for n in notes), notes
+    course.stop_server("bob")
+    ok(cli(course, "course", "window", COURSE, "--clear"))
+    ok(cli(course, "course", "set", COURSE, "--at-window-end", "stop"))
+    assert course.ledger.audit() == []

@@ -379,3 +379,21 @@ def test_a_course_reserves_its_window_gpus_for_its_students_only_during_a_window
     assert ledger.course("ml101").window_gpus == ""
     with pytest.raises(LedgerError, match="TYPE:COUNT"):
         ledger.set_course_windows("ml101", gpus={"rtx4090": -1})
+
+
+def test_a_course_that_restarts_in_debug_mode_asks_the_meter_to_and_says_so():
+    tz = "Asia/Shanghai"
+    tuesday_2pm = at("2027-02-02T14:00", tz)
+    ledger, clock, hub, meter = setup(start=tuesday_2pm + 60)
+    ledger.set_course_windows("ml101", ["weekly Tue 14:00-16:00"], timezone=tz)
+    ledger.set_course_options("ml101", at_window_end="debug")
+    start(ledger, hub, "amy", rate=to_micros("1.00"))
+    clock.advance(7200 - 60 - 60)
+    run_pass(meter)
+    (warning,) = [n.message for n in ledger.notifications("amy") if n.kind == "warning"]
+    assert warning.endswith("restarts in debug mode then, on the same disk.")
+    clock.advance(60)
+    result = meter.charge_pass({("amy", ""): True}, clock())
+    assert result.to_debug == [("amy", "", "ml101")] and result.to_stop == []
+    (notice,) = [n.message for n in ledger.notifications("amy") if n.kind == "stopped"]
+    assert notice.endswith("was restarted in debug mode on the same disk: your files are there.")
