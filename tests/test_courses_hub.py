@@ -228,7 +228,19 @@ def test_bad_course_commands_say_why_and_write_nothing(course, tmp_path):
         "--expires",
     )
     refused(cli(course, "course", "create", "ml101"), "exists already")
-    refused(cli(course, "course", "set", COURSE, "--at-window-end", "debug"), "not available yet")
+    refused(
+        cli(
+            course,
+            "course",
+            "set",
+            COURSE,
+            "--at-window-end",
+            "debug",
+            "--debug-outside-windows",
+            "no",
+        ),
+        "debug mode must stay open outside windows",
+    )
     refused(cli(course, "group", "show", COURSE), "no group")
     assert [m.user_name for m in course.ledger.roster(COURSE)] == [
         "amy",

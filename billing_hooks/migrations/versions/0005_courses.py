@@ -1,4 +1,5 @@
-"""Courses: their settings (allowance, profiles, lab windows) and rosters.
+"""Courses: their settings (allowance, profiles, lab windows and the GPUs they reserve)
+and rosters.
 
 Revision ID: 0005
 Revises: 0004
@@ -27,6 +28,7 @@ def upgrade() -> None:
         sa.Column("timezone", sa.String(64), nullable=False),
         sa.Column("debug_outside_windows", sa.Boolean(), nullable=False),
         sa.Column("at_window_end", sa.String(8), nullable=False),
+        sa.Column("window_gpus", sa.Text(), nullable=False, server_default=""),
         sa.Column("lti_key", sa.String(700), nullable=True, unique=True),
     )
     op.create_table(
