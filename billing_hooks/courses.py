@@ -412,8 +412,10 @@ class Courses:
         period: str,
         expires_at: int | None,
     ) -> CourseSettings:
-        """Each student's allowance per period; a raised one applies at the next settle,
-        a lowered one from the next period. None removes it (no one pays from the course)."""
+        """Each student's allowance per period. A change applies at each student's next
+        settle (their next spawn or the meter's pass while they run): they hold the new
+        allowance less what they spent in its period, the excess of a lowered one returning
+        to the course. None removes it (no one pays from the course)."""
         if period not in CAP_PERIODS:
             raise LedgerError(f"--per: one of {', '.join(CAP_PERIODS)}, not {period!r}")
         if amount_micros is not None and amount_micros <= 0:
@@ -572,15 +574,15 @@ class Courses:
         if course.allowance_micros is None:
             return course_wallet, allowance
         start = period_start(course.allowance_period, now)
-        moves = _period_moves(db, allowance.id, start)
-        amount = _due(course.allowance_micros, allowance.balance_micros, moves, course_wallet)
+        spent = _spent_since(db, allowance.id, start)
+        amount = _due(course.allowance_micros, allowance.balance_micros, spent, course_wallet)
         if amount:
             self._move(
                 db,
                 course_wallet,
                 allowance,
                 amount,
-                f"{base}:{start}:{len(moves)}",
+                f"{base}:{start}:{len(_period_moves(db, allowance.id, start))}",
                 f"allowance for the {course.allowance_period}"
                 if course.allowance_period != "total"
                 else "allowance",
@@ -814,8 +816,8 @@ class Courses:
         if course.allowance_micros is None:
             return balance
         start = period_start(course.allowance_period, now)
-        moves = [] if allowance_id is None else _period_moves(db, allowance_id, start)
-        return balance + _due(course.allowance_micros, balance, moves, course_wallet)
+        spent = 0 if allowance_id is None else _spent_since(db, allowance_id, start)
+        return balance + _due(course.allowance_micros, balance, spent, course_wallet)
 
     def course_balance(self, name: str) -> int:
         with self.begin() as db:
@@ -854,17 +856,31 @@ def _period_moves(db: Session, allowance_id: int, start: int) -> list[EntryRow]:
     )
 
 
-def _due(allowance: int, balance: int, moves: list[EntryRow], course_wallet: Wallet) -> int:
-    """What to move into an allowance now: what makes it the period's allowance (from its
-    balance when the period's first move was made), as far as the course's credit goes; a
-    lowered allowance returns its excess at the period's first move only."""
-    opening = balance if not moves else moves[0].balance_after_micros - moves[0].amount_micros
-    owed = allowance - opening - sum(m.amount_micros for m in moves)
-    if owed < 0 and not moves:
-        return owed
-    if owed > 0:
-        return min(owed, max(0, course_wallet.balance_micros))
-    return 0
+def _spent_since(db: Session, allowance_id: int, start: int) -> int:
+    """What the allowance paid for time from `start` on: charges whose window starts then
+    or later (a window across the boundary belongs to the period it began in), net of
+    refunds written since."""
+    charged = db.scalar(
+        select(func.coalesce(func.sum(Entry.amount_micros), 0)).where(
+            Entry.wallet_id == allowance_id, Entry.kind == "charge", Entry.window_start >= start
+        )
+    )
+    refunded = db.scalar(
+        select(func.coalesce(func.sum(Entry.amount_micros), 0)).where(
+            Entry.wallet_id == allowance_id, Entry.kind == "refund", Entry.created_at >= start
+        )
+    )
+    return -int(charged or 0) - int(refunded or 0)
+
+
+def _due(allowance: int, balance: int, spent: int, course_wallet: Wallet) -> int:
+    """What to move into an allowance now so that it holds the period's allowance less what
+    was spent in the period: as far as the course's credit goes; negative (back to the
+    course) when it holds more, as after a lowered allowance."""
+    due = allowance - spent - balance
+    if due > 0:
+        return min(due, max(0, course_wallet.balance_micros))
+    return due
 
 
 def course_refusal(course: CourseSettings, profile: str, gpus: int, now: int) -> str:

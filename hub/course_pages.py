@@ -127,7 +127,14 @@ class CoursePage(MeterhubPage):
             return "", ""
         choice = self.get_argument("choice", "debug").strip().lower()
         profile, _, gpus = choice.partition(":")
-        hub_url = f"{self.request.protocol}://{self.request.host}{self.base_url[: -len('hub/')]}"
+        # the hub's public URL when the operator set one; a request's Host header otherwise
+        public = self.settings.get("public_url")
+        origin = (
+            f"{public.scheme}://{public.netloc}"
+            if public
+            else f"{self.request.protocol}://{self.request.host}"
+        )
+        hub_url = f"{origin}{self.base_url[: -len('hub/')]}"
         try:
             link = launch_link(
                 hub_url,

@@ -225,18 +225,47 @@ def test_expiry_returns_what_is_left_in_one_pair_and_the_meter_stops_the_server(
     assert ledger.audit() == []
 
 
-def test_a_lowered_allowance_returns_its_excess_at_the_next_period():
+def test_a_changed_allowance_or_period_applies_at_the_next_settle_by_what_was_spent():
     ledger, clock, hub, meter = setup()
+    session = start(ledger, hub, "amy")
+    clock.advance(400)
+    run_pass(meter)  # 4.00 of the week's 10.00 spent
+    ledger.close_session(session)
+    hub.servers.clear()
+    assert allowance(ledger, "amy") == to_micros("6.00")
+    ledger.set_allowance("ml101", to_micros("5.00"), "week", None)  # lowered: 1.00 back
     ledger.settle_allowance("ml101", "amy")
-    assert allowance(ledger, "amy") == to_micros("10.00")
-    ledger.set_allowance("ml101", to_micros("4.00"), "week", None)
-    ledger.settle_allowance("ml101", "amy")
-    assert allowance(ledger, "amy") == to_micros("10.00")  # this week keeps what it had
+    assert allowance(ledger, "amy") == to_micros("1.00")
+    assert ledger.balance("course:ml101") == to_micros("95.00")
+    # a new period: the allowance less nothing spent yet
     clock.advance(WEEK)
-    assert ledger.allowance_state("ml101", "amy").left_micros == to_micros("4.00")
+    assert ledger.allowance_state("ml101", "amy").left_micros == to_micros("5.00")
     ledger.settle_allowance("ml101", "amy")
-    assert allowance(ledger, "amy") == to_micros("4.00")
-    assert ledger.balance("course:ml101") == to_micros("96.00")
+    assert allowance(ledger, "amy") == to_micros("5.00")
+    # switching week -> month counts what the month has spent: no refill from the switch
+    ledger.set_allowance("ml101", to_micros("5.00"), "month", None)
+    assert ledger.allowance_state("ml101", "amy").left_micros == to_micros("1.00")
+    ledger.settle_allowance("ml101", "amy")
+    assert allowance(ledger, "amy") == to_micros("1.00")
+    assert ledger.audit() == []
+
+
+def test_extending_an_ended_allowance_gives_back_what_was_left():
+    ledger, clock, hub, meter = setup(per="total")
+    ledger.set_allowance("ml101", to_micros("10.00"), "total", clock() + 300)
+    session = start(ledger, hub, "amy")
+    clock.advance(200)
+    run_pass(meter)
+    ledger.close_session(session)
+    hub.servers.clear()
+    clock.advance(200)  # ended: 8.00 returned
+    run_pass(meter)
+    assert allowance(ledger, "amy") == 0
+    ledger.set_allowance("ml101", to_micros("10.00"), "total", clock() + 86_400)
+    assert ledger.allowance_state("ml101", "amy").left_micros == to_micros("8.00")
+    ledger.settle_allowance("ml101", "amy")
+    assert allowance(ledger, "amy") == to_micros("8.00")
+    assert ledger.balance("course:ml101") == to_micros("90.00")  # 100 - 2 spent - 8 held
     assert ledger.audit() == []
 
 
