@@ -178,59 +178,48 @@ def group_show(args) -> int:
     return 0
 
 
-def hub_group_properties(c, group: str) -> dict | None:
-    """The properties of the hub's group `group` (exact name), or None when it has none
-    (read only, from the hub's database)."""
-    import json
+def _hub_rows(c, sql: str, **params) -> list[tuple]:
+    """Rows of a read-only query on the hub's database; [] when it has none yet (connecting
+    to a missing SQLite file would create an empty one)."""
     import os
 
     from sqlalchemy import create_engine, text
 
     url = c.JupyterHub.db_url
     if url.startswith("sqlite:///") and not os.path.exists(url[len("sqlite:///") :]):
-        return None
+        return []
     engine = create_engine(url)
     try:
         with engine.connect() as conn:
-            row = conn.execute(
-                text("SELECT properties FROM groups WHERE name = :g"), {"g": group}
-            ).first()
+            return [tuple(row) for row in conn.execute(text(sql), params)]
     except Exception:
-        return None  # no hub database yet
+        return []  # no hub database (or no tables) yet
     finally:
         engine.dispose()
-    if row is None:
+
+
+def hub_group_properties(c, group: str) -> dict | None:
+    """The properties of the hub's group `group` (exact name), or None when it has none."""
+    import json
+
+    rows = _hub_rows(c, "SELECT properties FROM groups WHERE name = :g", g=group)
+    if not rows:
         return None
-    value = row[0]
+    value = rows[0][0]
     return (json.loads(value) if isinstance(value, str) else value) or {}
 
 
 def hub_members(c, group: str) -> list[str]:
-    """The members of a hub group, read from the hub's database (read only)."""
-    import os
-
-    from sqlalchemy import create_engine, text
-
-    url = c.JupyterHub.db_url
-    if url.startswith("sqlite:///") and not os.path.exists(url[len("sqlite:///") :]):
-        return []  # connecting would create an empty database
-    engine = create_engine(url)
-    try:
-        with engine.connect() as conn:
-            rows = conn.execute(
-                text(
-                    "SELECT users.name FROM users"
-                    " JOIN user_group_map ON user_group_map.user_id = users.id"
-                    " JOIN groups ON groups.id = user_group_map.group_id"
-                    " WHERE lower(groups.name) = :g ORDER BY users.name"
-                ),
-                {"g": group},
-            )
-            return [row[0] for row in rows]
-    except Exception:
-        return []  # no hub database yet: nobody is a member
-    finally:
-        engine.dispose()
+    """The members of a hub group, read from the hub's database."""
+    rows = _hub_rows(
+        c,
+        "SELECT users.name FROM users"
+        " JOIN user_group_map ON user_group_map.user_id = users.id"
+        " JOIN groups ON groups.id = user_group_map.group_id"
+        " WHERE lower(groups.name) = :g ORDER BY users.name",
+        g=group,
+    )
+    return [row[0] for row in rows]
 
 
 def add_commands(commands) -> None:

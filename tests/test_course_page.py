@@ -23,8 +23,8 @@ import requests
 from meterhub.hub.course_pages import launch_link
 
 from . import test_pages
-from .clirun import run_cli
 from .hubprocess import ADMIN_TOKEN, until
+from .test_group_page import meterhub, sign_in
 from .test_pages import CHROMIUM, PASSWORD, fits_a_phone, shot
 
 browser = test_pages.browser
@@ -35,23 +35,6 @@ pytestmark = pytest.mark.skipif(
 
 COURSE = "ml101"
 ROSTER = "username,name,role\namy,Amy A,student\nbob,Bob B,student\ntara,Tara T,ta\n"
-
-
-def meterhub(hub, *argv: str, stdin: str | None = None) -> str:
-    out = run_cli([*argv, "--config", str(hub.config_path)], stdin=stdin)
-    assert out.returncode == 0, (argv, out.stdout, out.stderr)
-    return out.stdout
-
-
-def sign_in(browser, hub, name: str):
-    """Sign in, landing on the Wallet page (amy's running server would take her on)."""
-    page = browser.new_context().new_page()
-    page.goto(f"{hub.url}/hub/login?next=%2Fhub%2Fwallet")
-    page.fill("input[name=username]", name)
-    page.fill("input[name=password]", PASSWORD)
-    page.click("input[type=submit]")
-    page.wait_for_url(re.compile(r".*/hub/wallet$"))
-    return page
 
 
 @pytest.fixture(scope="module")

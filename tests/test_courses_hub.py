@@ -23,8 +23,8 @@ from meterhub.billing_hooks.ledger import Ledger
 from meterhub.billing_hooks.money import to_micros
 from meterhub.billing_hooks.wallets import allowance_ref
 
-from .clirun import run_cli
 from .hubprocess import until
+from .test_groups_hub import cli, ok
 
 COURSE = "ml101"
 TZ = "Asia/Shanghai"
@@ -34,15 +34,6 @@ bob,Bob B,,student
 newbie,New B,,
 tara,Tara T,,ta
 """
-
-
-def cli(hub, *args):
-    return run_cli([*args, "--config", str(hub.config_path)], cwd=hub.workdir)
-
-
-def ok(out):
-    assert out.returncode == 0, out.stderr
-    return out.stdout
 
 
 def refused(out, words: str) -> str:
