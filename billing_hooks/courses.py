@@ -573,7 +573,7 @@ class Courses:
             return course_wallet, allowance
         if course.allowance_micros is None:
             return course_wallet, allowance
-        start = period_start(course.allowance_period, now)
+        start = _allowance_start(course, now)
         spent = _spent_since(db, allowance.id, start)
         amount = _due(course.allowance_micros, allowance.balance_micros, spent, course_wallet)
         if amount:
@@ -745,7 +745,7 @@ class Courses:
                 )
             )
             costs = _session_costs(db, [s.id for s in running])
-            start = period_start(course.allowance_period, now)
+            start = _allowance_start(course, now)
             spent = dict(
                 db.execute(
                     select(Entry.wallet_id, func.sum(Entry.amount_micros))
@@ -815,7 +815,7 @@ class Courses:
             return min(0, balance)  # what is left goes back to the course
         if course.allowance_micros is None:
             return balance
-        start = period_start(course.allowance_period, now)
+        start = _allowance_start(course, now)
         spent = 0 if allowance_id is None else _spent_since(db, allowance_id, start)
         return balance + _due(course.allowance_micros, balance, spent, course_wallet)
 
@@ -839,6 +839,12 @@ class Courses:
                 )
                 or 0
             )
+
+
+def _allowance_start(course: CourseSettings, now: int) -> int:
+    """The start of the allowance's period holding `now`, on the course's clock: a week
+    begins Monday 00:00 and a month the 1st 00:00 where the class is."""
+    return period_start(course.allowance_period, now, labwindows.zone(course.timezone))
 
 
 def _period_moves(db: Session, allowance_id: int, start: int) -> list[EntryRow]:

@@ -88,19 +88,20 @@ def as_ref(owner: str | WalletRef) -> WalletRef:
     return WalletRef("user", owner)
 
 
-def period_start(period: str, now: int) -> int:
-    """The start (UTC epoch seconds) of the cap period holding `now`: Monday 00:00 UTC of
-    its week, the 1st of its month 00:00 UTC, or 0 for the total."""
+def period_start(period: str, now: int, tz: datetime.tzinfo = datetime.UTC) -> int:
+    """The start (epoch seconds) of the period holding `now`: Monday 00:00 of its week, the
+    1st of its month 00:00, on the clock of `tz` (UTC for group caps; a course's zone for
+    its allowances), or 0 for the total."""
     if period == "total":
         return 0
-    day = datetime.datetime.fromtimestamp(now, datetime.UTC).date()
+    day = datetime.datetime.fromtimestamp(now, tz).date()
     if period == "week":
         day -= datetime.timedelta(days=day.weekday())
     elif period == "month":
         day = day.replace(day=1)
     else:
         raise ValueError(f"unknown cap period {period!r}")
-    return int(datetime.datetime(day.year, day.month, day.day, tzinfo=datetime.UTC).timestamp())
+    return int(datetime.datetime(day.year, day.month, day.day, tzinfo=tz).timestamp())
 
 
 def period_phrase(period: str) -> str:

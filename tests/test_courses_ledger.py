@@ -426,3 +426,19 @@ def test_a_course_that_restarts_in_debug_mode_asks_the_meter_to_and_says_so():
     assert result.to_debug == [("amy", "", "ml101")] and result.to_stop == []
     (notice,) = [n.message for n in ledger.notifications("amy") if n.kind == "stopped"]
     assert notice.endswith("was restarted in debug mode on the same disk: your files are there.")
+
+
+def test_a_weekly_allowance_renews_at_monday_midnight_on_the_courses_clock():
+    tz = "Asia/Shanghai"
+    monday = at("2027-02-08T00:00", tz)  # Sunday 16:00 UTC
+    ledger, clock, hub, meter = setup(start=monday - 120)
+    ledger.set_course_windows("ml101", timezone=tz)
+    start(ledger, hub, "amy")
+    clock.advance(120)
+    run_pass(meter)  # 1.20 spent in the old week, then renewed at midnight in Shanghai
+    assert [m[0] for m in moves(ledger, "amy")] == [to_micros("10.00"), to_micros("1.20")]
+    assert allowance(ledger, "amy") == to_micros("10.00")
+    clock.advance(8 * 3600 - 60)  # Monday 00:00 UTC: no second renewal
+    run_pass(meter)
+    assert len(moves(ledger, "amy")) == 2
+    assert ledger.audit() == []
