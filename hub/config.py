@@ -443,6 +443,7 @@ PAGE_HANDLERS = [
     (r"/groups/([^/]+)/stop", "meterhub.hub.group_pages.GroupStopPage"),
     (r"/groups/([^/]+)/statement.csv", "meterhub.hub.group_pages.GroupStatement"),
     (r"/courses/([^/]+)", "meterhub.hub.course_pages.CoursePage"),
+    (r"/courses/([^/]+)/settings", "meterhub.hub.course_pages.CourseSettingsPage"),
     (r"/courses/([^/]+)/stop", "meterhub.hub.course_pages.CourseStopPage"),
     (r"/courses/([^/]+)/stop-all", "meterhub.hub.course_pages.CourseStopAllPage"),
     (r"/courses/([^/]+)/usage.csv", "meterhub.hub.course_pages.CourseUsageCsv"),

@@ -15,14 +15,17 @@ import datetime
 import os
 import re
 import time
+from decimal import Decimal
 from urllib.parse import urlencode, urlsplit
 
 from tornado import web
 
-from meterhub.billing_hooks import actions
+from meterhub.billing_hooks import actions, course_actions, labwindows
 from meterhub.billing_hooks.courses import lab_phrase
 from meterhub.billing_hooks.groups import runway, runway_phrase
+from meterhub.billing_hooks.money import from_micros
 from meterhub.billing_hooks.scopes import instructs, teaches
+from meterhub.billing_hooks.settings import priced_catalog
 from meterhub.billing_hooks.wallets import GROUP_NAME, fold
 from meterhub.spawner import disk_archive
 from meterhub.spawner.local import disk_dirname
@@ -62,6 +65,29 @@ def launch_link(
     if gpus:
         options[f"opt-gpus_{profile}"] = gpus
     return f"{hub_url.rstrip('/')}/hub/spawn?" + urlencode({**options, "next": pull})
+
+
+def settings_form(course) -> dict:
+    """The settings form's values as the instructor would type them."""
+    expires = ""
+    if course.expires_at is not None:
+        last = datetime.datetime.fromtimestamp(
+            course.expires_at - 1, labwindows.zone(course.timezone)
+        )
+        expires = f"{last:%Y-%m-%d}"
+    lines = course.windows.splitlines()
+    return {
+        "amount": ""
+        if course.allowance_micros is None
+        else str(from_micros(course.allowance_micros).quantize(Decimal("0.01"))),
+        "per": course.allowance_period,
+        "expires": expires,
+        "profiles": course.profiles,
+        "weekly": "\n".join(w.removeprefix("weekly ") for w in lines if w.startswith("weekly ")),
+        "on": "\n".join(w.removeprefix("on ") for w in lines if w.startswith("on ")),
+        "timezone": course.timezone,
+        "debug_outside_windows": course.debug_outside_windows,
+    }
 
 
 class CoursePage(MeterhubPage):
@@ -104,6 +130,7 @@ class CoursePage(MeterhubPage):
                 "running_count": sum(len(r.running) for r in view.roster),
                 "may_stop": teaches(self.expanded_scopes, name),
                 "instructor": instructs(self.expanded_scopes, name),
+                "settings": settings_form(course),
                 "choices": choices,
                 "link": link,
                 "link_error": link_error,
@@ -159,6 +186,63 @@ class CoursePage(MeterhubPage):
     async def get(self, course):
         await self.authorize_course(course)
         await self.show()
+
+
+class CourseSettingsPage(CoursePage):
+    """POST /hub/courses/NAME/settings: an instructor changes the allowance, the profiles
+    the course pays for and its lab windows (course_actions.change_course, as the API's
+    PATCH); TAs 403."""
+
+    @web.authenticated
+    async def post(self, course):
+        await self.authorize_course(course)
+        if not instructs(self.expanded_scopes, self.course):
+            raise web.HTTPError(
+                403,
+                "Changing a course needs its instructor (custom:meterhub:course-instructor!group=%s)",
+                self.course,
+            )
+        form = {k: self.get_body_argument(k, "").strip() for k in SETTINGS_FIELDS}
+        body: dict = {
+            "allowance": {
+                "amount": None if form["amount"] in ("", "none") else form["amount"],
+                "per": form["per"] or "total",
+                "expires": form["expires"] or None,
+            },
+            "profiles": form["profiles"].replace(",", " ").split() or ["any"],
+            "windows": {
+                "weekly": [w for w in form["weekly"].splitlines() if w.strip()],
+                "on": [w for w in form["on"].splitlines() if w.strip()],
+                "clear": True,
+                "timezone": form["timezone"] or None,
+            },
+            "debug_outside_windows": form["debug_outside_windows"] == "yes",
+        }
+        if body["windows"]["timezone"] is None:
+            del body["windows"]["timezone"]
+        ledger = await self.billing.ledger_async()
+        catalog = await asyncio.to_thread(priced_catalog, self.settings["config"], ledger)
+        try:
+            await asyncio.to_thread(
+                course_actions.change_course, ledger, catalog, self.course, body
+            )
+        except actions.ActionError as e:
+            await self.show(error=e.message, status=e.status)
+            return
+        await self.show(message=f"Saved {self.course}'s settings.")
+
+
+#: the settings form's fields
+SETTINGS_FIELDS = (
+    "amount",
+    "per",
+    "expires",
+    "profiles",
+    "weekly",
+    "on",
+    "timezone",
+    "debug_outside_windows",
+)
 
 
 class CourseStopPage(CoursePage):

@@ -212,6 +212,12 @@ PAGES = {
     ),
     ("POST", "/courses/([^/]+)/stop-all"): ({}, page_row(403, 403, 200, 403, 200)),
     # amy's server runs: the staff get past every gate to "stop it first"
+    # the settings form: the instructor and the hub admin (an empty allowance: none)
+    ("GET", "/courses/([^/]+)/settings"): (None, page_row(302, 403, 200, 403, 200)),
+    ("POST", "/courses/([^/]+)/settings"): (
+        {"per": "total", "debug_outside_windows": "yes"},
+        page_row(403, 403, 200, 403, 200),
+    ),
     ("GET", "/courses/([^/]+)/reset"): (None, page_row(302, 403, 200, 403, 200)),
     ("POST", "/courses/([^/]+)/reset"): (
         {"user": USER, "confirm": "yes"},

@@ -299,3 +299,45 @@ def test_a_reset_archives_the_disk_copies_the_materials_and_a_restore_brings_it_
 
 def xsrf_of(page) -> str:
     return next(c["value"] for c in page.context.cookies() if c["name"] == "_xsrf")
+
+
+def test_the_instructor_changes_the_settings_on_the_console_and_a_ta_cannot(course_hub, browser):
+    page = sign_in(browser, course_hub, "prof")
+    page.goto(f"{course_hub.url}/hub/courses/{COURSE}")
+    form = page.locator("#meterhub-course-form")
+    assert form.locator("#meterhub-amount").input_value() == "20.00"
+    assert form.locator("#meterhub-weekly").input_value() == "Tue 14:00-16:00"
+    form.locator("#meterhub-amount").fill("25.00")
+    form.locator("#meterhub-per").select_option("week")
+    form.locator("#meterhub-expires").fill("2099-06-30")
+    form.locator("#meterhub-weekly").fill("Tue 14:00-16:00\nThu 14:00-16:00")
+    with page.expect_navigation():
+        form.locator("button[type=submit]").click()
+    assert page.locator("#meterhub-message").inner_text() == f"Saved {COURSE}'s settings."
+    course = ledger_of(course_hub).course(COURSE)
+    assert (course.allowance_micros, course.allowance_period) == (25_000_000, "week")
+    assert course.windows.splitlines() == ["weekly Tue 14:00-16:00", "weekly Thu 14:00-16:00"]
+    assert page.locator("#meterhub-expires").input_value() == "2099-06-30"
+    # a refused change says why and changes nothing
+    page.locator("#meterhub-weekly").fill("Tue 16:00-14:00")
+    with page.expect_navigation():
+        page.locator("#meterhub-course-form button[type=submit]").click()
+    assert "ends after it starts" in page.locator("#meterhub-error").inner_text()
+    assert ledger_of(course_hub).course(COURSE).windows.count("weekly") == 2
+    page.context.close()
+    ta = sign_in(browser, course_hub, "tara")
+    ta.goto(f"{course_hub.url}/hub/courses/{COURSE}")
+    assert ta.locator("#meterhub-course-form").count() == 0
+    r = ta.request.post(
+        f"{course_hub.url}/hub/courses/{COURSE}/settings",
+        form={"amount": "1000", "per": "week", "_xsrf": xsrf_of(ta)},
+    )
+    assert r.status == 403 and ledger_of(course_hub).course(COURSE).allowance_micros == 25_000_000
+    ta.context.close()
+
+
+def ledger_of(hub):
+    from meterhub.billing_hooks.db import connect
+    from meterhub.billing_hooks.ledger import Ledger
+
+    return Ledger(connect(f"sqlite:///{hub.data_dir}/billing.sqlite"))
