@@ -623,9 +623,12 @@ def _session_costs(db: Session, ids: list[int]) -> dict[int, int]:
 
 
 def runway_phrase(seconds: int | None) -> str:
-    """ "≈ 12 days left", "≈ 5 h left" or "" when nothing is being spent."""
+    """ "≈ 12 days left", "≈ 5 h left", "more than a year left", or "" when nothing is
+    being spent."""
     if seconds is None:
         return ""
+    if seconds >= 365 * DAY:
+        return "more than a year left"
     if seconds >= 2 * DAY:
         return f"≈ {seconds // DAY} days left"
     return f"≈ {max(1, seconds // SECONDS_PER_HOUR)} h left"

@@ -375,3 +375,13 @@ def test_a_members_own_wallet_does_not_count_what_the_group_pays_for():
     wallet = wallet_json(ledger, "ann")
     assert wallet["running"] == [] and wallet["minutes_left"] is None
     assert wallet["summary"] == "¥10.00"
+
+
+def test_the_runway_is_said_in_hours_days_or_more_than_a_year():
+    from meterhub.billing_hooks.groups import runway_phrase
+
+    assert runway_phrase(None) == ""
+    assert runway_phrase(5 * 3600) == "≈ 5 h left"
+    assert runway_phrase(12 * 86_400) == "≈ 12 days left"
+    assert runway_phrase(364 * 86_400) == "≈ 364 days left"
+    assert runway_phrase(365 * 86_400) == "more than a year left"
