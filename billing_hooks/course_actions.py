@@ -134,23 +134,26 @@ def change_course(ledger: Ledger, catalog, name: str, body: dict) -> CourseSetti
     return updated
 
 
-def roster_lines(rows: object) -> list[RosterLine]:
-    """A roster as JSON ([{"username", "name"?, "email"?, "role"?}]), checked."""
+def roster_lines(rows: object, first: int = 1, where: str = "roster[{}]") -> list[RosterLine]:
+    """A roster as rows ([{"username", "name"?, "email"?, "role"?}], from JSON or a CSV),
+    checked; an error names the row as `where` with its number (from `first`)."""
     if not isinstance(rows, list) or len(rows) > MAX_ROSTER:
         raise ActionError(400, f"roster: a list of at most {MAX_ROSTER} people")
     lines = []
-    for number, row in enumerate(rows, start=1):
+    for number, row in enumerate(rows, start=first):
+        at = where.format(number)
         if not isinstance(row, dict) or not isinstance(row.get("username"), str):
-            raise ActionError(400, f"roster[{number}]: an object with a username")
-        role = row.get("role") or "student"
+            raise ActionError(400, f"{at}: an object with a username")
+        if not row["username"].strip():
+            raise ActionError(400, f"{at}: no username")
+        role = (row.get("role") or "student").strip().lower() or "student"
         if role not in COURSE_ROLES:
             raise ActionError(
-                400,
-                f"roster[{number}]: role {str(role)[:20]!r} is not one of {', '.join(COURSE_ROLES)}",
+                400, f"{at}: role {str(role)[:20]!r} is not one of {', '.join(COURSE_ROLES)}"
             )
-        full_name, email = row.get("name", ""), row.get("email", "")
+        full_name, email = row.get("name") or "", row.get("email") or ""
         if not isinstance(full_name, str) or not isinstance(email, str):
-            raise ActionError(400, f"roster[{number}]: name and email are text")
+            raise ActionError(400, f"{at}: name and email are text")
         lines.append(
             RosterLine(
                 row["username"].strip().lower(), role, full_name.strip()[:200], email.strip()[:200]

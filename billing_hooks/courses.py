@@ -141,6 +141,7 @@ class Courses:
         def _wallet(
             self, db: Session, owner: str | WalletRef, lock: bool = False
         ) -> Wallet | None: ...
+        def _new_wallet(self, db: Session, ref: WalletRef) -> Wallet: ...
         def _post(
             self,
             db: Session,
@@ -196,15 +197,7 @@ class Courses:
                 lti_key=lti_key,
             )
             db.add(course)
-            db.add(
-                Wallet(
-                    owner_kind="course",
-                    owner_name=name,
-                    currency=self.currency,
-                    balance_micros=0,
-                    created_at=now,
-                )
-            )
+            self._new_wallet(db, WalletRef("course", name))
             staff = {**{u: "ta" for u in tas}, **{u: "instructor" for u in instructors}}
             for user, role in staff.items():
                 db.add(CourseMember(course_name=name, user_name=user, role=role, added_at=now))
@@ -330,27 +323,6 @@ class Courses:
                     db.delete(member)
                     removed.append(user)
         return RosterChange(sorted(added), sorted(removed), sorted(changed), unchanged)
-
-    def set_course_staff(self, name: str, user: str, role: str | None) -> None:
-        """Make `user` an instructor or TA of the course (None: off its roster)."""
-        _check_user(user)
-        if role is not None and role not in COURSE_ROLES:
-            raise LedgerError(f"role: one of {', '.join(COURSE_ROLES)}")
-        with self.begin() as db:
-            course = self._require_course(db, name)
-            member = _member(db, course.name, user)
-            if role is None:
-                if member is not None:
-                    db.delete(member)
-                return
-            if member is None:
-                db.add(
-                    CourseMember(
-                        course_name=course.name, user_name=user, role=role, added_at=self.clock()
-                    )
-                )
-            else:
-                member.role = role
 
     def course_member(self, name: str, user: str) -> CourseMember | None:
         with self.begin() as db:
@@ -507,18 +479,7 @@ class Courses:
     def _allowance_wallet(self, db: Session, course: str, user: str) -> Wallet:
         """The student's allowance wallet, locked; made (empty) the first time."""
         ref = allowance_ref(course, user)
-        wallet = self._wallet(db, ref, lock=True)
-        if wallet is None:
-            wallet = Wallet(
-                owner_kind=ref.kind,
-                owner_name=ref.name,
-                currency=self.currency,
-                balance_micros=0,
-                created_at=self.clock(),
-            )
-            db.add(wallet)
-            db.flush()
-        return wallet
+        return self._wallet(db, ref, lock=True) or self._new_wallet(db, ref)
 
     def _move(
         self,
@@ -582,7 +543,7 @@ class Courses:
                 course_wallet,
                 allowance,
                 amount,
-                f"{base}:{start}:{len(_period_moves(db, allowance.id, start))}",
+                f"{base}:{start}:{_move_count(db, allowance.id, start)}",
                 f"allowance for the {course.allowance_period}"
                 if course.allowance_period != "total"
                 else "allowance",
@@ -847,18 +808,18 @@ def _allowance_start(course: CourseSettings, now: int) -> int:
     return period_start(course.allowance_period, now, labwindows.zone(course.timezone))
 
 
-def _period_moves(db: Session, allowance_id: int, start: int) -> list[EntryRow]:
-    """The allowance's moves of the period starting at `start`, oldest first."""
-    return list(
-        db.scalars(
-            select(Entry)
-            .where(
+def _move_count(db: Session, allowance_id: int, start: int) -> int:
+    """How many moves the allowance had in the period starting at `start` (the next one's
+    key)."""
+    return int(
+        db.scalar(
+            select(func.count()).where(
                 Entry.wallet_id == allowance_id,
                 Entry.kind == "allowance",
                 Entry.window_start == start,
             )
-            .order_by(Entry.id)
         )
+        or 0
     )
 
 

@@ -27,7 +27,7 @@ from .orm import (
     Wallet,
 )
 from .postings import LedgerError, UnknownWallet, group_settings, member_spent
-from .wallets import GROUP_NAME, GROUP_RULE, fold, period_start
+from .wallets import GROUP_NAME, GROUP_RULE, WalletRef, fold, period_start
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
@@ -137,6 +137,7 @@ class Groups:
 
         @contextmanager
         def begin(self) -> Iterator[Session]: ...
+        def _new_wallet(self, db: Session, ref: WalletRef) -> Wallet: ...
 
     # ------------------------------------------------------------------ the registry
 
@@ -162,15 +163,7 @@ class Groups:
                 created_at=now,
             )
             db.add(settings)
-            db.add(
-                Wallet(
-                    owner_kind="group",
-                    owner_name=name,
-                    currency=self.currency,
-                    balance_micros=0,
-                    created_at=now,
-                )
-            )
+            self._new_wallet(db, WalletRef("group", name))
             for user in dict.fromkeys(admins):
                 db.add(GroupAdmin(group_name=name, user_name=user))
             db.add(HubChange(action="create", group_name=name, actor=actor, created_at=now))

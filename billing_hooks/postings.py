@@ -144,15 +144,7 @@ class Postings:
             if ref.kind != "user":
                 raise UnknownWallet(f"There is no {ref.kind} {ref.name!r} with a wallet")
             user = ref.name
-            wallet = Wallet(
-                owner_kind="user",
-                owner_name=user,
-                currency=self.currency,
-                balance_micros=0,
-                created_at=self.clock(),
-            )
-            db.add(wallet)
-            db.flush()
+            wallet = self._new_wallet(db, ref)
             self.fault("wallet-created")
             if self.trial_credit_micros:
                 self._post(
@@ -164,6 +156,20 @@ class Postings:
                     SYSTEM,
                     note="trial credit",
                 )
+        return wallet
+
+    def _new_wallet(self, db: Session, ref: WalletRef) -> Wallet:
+        """An empty wallet for `ref`, in the caller's transaction (the one constructor of
+        users', groups', courses' and allowances' wallets)."""
+        wallet = Wallet(
+            owner_kind=ref.kind,
+            owner_name=ref.name,
+            currency=self.currency,
+            balance_micros=0,
+            created_at=self.clock(),
+        )
+        db.add(wallet)
+        db.flush()
         return wallet
 
     def ensure_user(self, user: str) -> int:

@@ -15,15 +15,14 @@ from meterhub.billing_hooks import actions, course_actions, labwindows
 from meterhub.billing_hooks.courses import RosterLine, lab_phrase
 from meterhub.billing_hooks.ledger import LedgerError
 from meterhub.billing_hooks.money import format_money
-from meterhub.billing_hooks.orm import AT_WINDOW_END, CAP_PERIODS, COURSE_ROLES
+from meterhub.billing_hooks.orm import AT_WINDOW_END, CAP_PERIODS
 from meterhub.billing_hooks.wallets import period_phrase
 
 from .billing_cli import CliError, cli_actor, load_settings
 from .group_cli import _applied, hub_group_properties
 
-#: a roster file's size, and its lines
+#: a roster file's size
 MAX_ROSTER_BYTES = 2 * 1024 * 1024
-MAX_ROSTER_LINES = 20_000
 
 
 def _course(ledger, name: str):
@@ -68,30 +67,22 @@ def course_create(args) -> int:
 
 def read_roster(text: str) -> list[RosterLine]:
     """A roster CSV: a header with `username` and optionally `name`, `email`, `role`;
-    CliError names the line of the first problem."""
+    CliError names the line of the first problem (course_actions.roster_lines checks the
+    rows, as for the API's JSON)."""
     reader = csv.DictReader(io.StringIO(text))
     fields = [f.strip().lower() for f in reader.fieldnames or ()]
     if "username" not in fields:
         raise CliError("the roster's first line names its columns: username[,name,email,role]")
     reader.fieldnames = fields
-    lines = []
+    rows = []
     for number, row in enumerate(reader, start=2):
-        if number > MAX_ROSTER_LINES:
-            raise CliError(f"a roster has at most {MAX_ROSTER_LINES} lines")
         if None in row:
             raise CliError(f"line {number}: more fields than the header names")
-        user = (row.get("username") or "").strip().lower()
-        if not user:
-            raise CliError(f"line {number}: no username")
-        role = (row.get("role") or "student").strip().lower() or "student"
-        if role not in COURSE_ROLES:
-            raise CliError(
-                f"line {number}: role {role[:20]!r} is not one of {', '.join(COURSE_ROLES)}"
-            )
-        full_name = (row.get("name") or "").strip()[:200]
-        email = (row.get("email") or "").strip()[:200]
-        lines.append(RosterLine(user, role, full_name, email))
-    return lines
+        rows.append(row)
+    try:
+        return course_actions.roster_lines(rows, first=2, where="line {}")
+    except actions.ActionError as e:
+        raise CliError(e.message) from None
 
 
 def course_roster(args) -> int:

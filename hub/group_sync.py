@@ -82,28 +82,30 @@ def sync_roles(db, wanted: list[dict]) -> None:
         for role in db.query(orm.Role).filter(orm.Role.name.startswith(prefix)):
             if role.name not in names:
                 log.info("Removing the role %s: the ledger no longer has it", role.name)
+                # stripped from its holders first: their loaded role lists (the scopes the
+                # hub computes) would keep a deleted role until they are reloaded
+                _hold(db, role, role.users, (), orm.User)
+                _hold(db, role, role.services, (), orm.Service)
                 db.delete(role)
     for spec in wanted:
         role = roles.create_role(
             db, {k: spec[k] for k in ("name", "description", "scopes")}, commit=False
         )
-        holders = set(spec["users"])
-        for user in list(role.users):
-            if user.name not in holders:
-                roles.strip_role(db, user, role, commit=False)
-        for name in holders:
-            user = orm.User.find(db, name)
-            if user is not None:
-                roles.grant_role(db, user, role, commit=False)
-        services = set(spec.get("services", ()))
-        for service in list(role.services):
-            if service.name not in services:
-                roles.strip_role(db, service, role, commit=False)
-        for name in services:
-            service = orm.Service.find(db, name)
-            if service is not None:
-                roles.grant_role(db, service, role, commit=False)
+        _hold(db, role, role.users, spec["users"], orm.User)
+        _hold(db, role, role.services, spec.get("services", ()), orm.Service)
     db.commit()
+
+
+def _hold(db, role, holding, wanted, kind) -> None:
+    """Make exactly the `wanted` users (or services) that exist hold `role`."""
+    names = set(wanted)
+    for holder in list(holding):
+        if holder.name not in names:
+            roles.strip_role(db, holder, role, commit=False)
+    for name in names:
+        holder = kind.find(db, name)
+        if holder is not None:
+            roles.grant_role(db, holder, role, commit=False)
 
 
 async def sync_groups(db, ledger) -> int:

@@ -442,3 +442,32 @@ def test_a_weekly_allowance_renews_at_monday_midnight_on_the_courses_clock():
     run_pass(meter)
     assert len(moves(ledger, "amy")) == 2
     assert ledger.audit() == []
+
+
+def test_the_spawn_pages_pay_from_offers_each_course_with_what_it_pays_for_and_when():
+    from meterhub.hub.spawn_form import course_options, payer_options
+
+    tz = "Asia/Shanghai"
+    tuesday_3pm = at("2027-02-02T15:00", tz)
+    ledger, clock, _hub, _meter = setup(start=tuesday_3pm)
+    ledger.set_course_profiles("ml101", ["debug", "rtx4090:1"])
+    ledger.set_course_windows("ml101", ["weekly Tue 14:00-16:00"], timezone=tz, gpus={"rtx4090": 2})
+    ((option, left),), default = course_options(ledger, "amy")
+    assert (option.value, option.label, option.disabled_reason) == (
+        "course:ml101",
+        "Course ml101",
+        "",
+    )
+    assert option.detail == (
+        "¥10.00 of your ¥10.00 allowance for this week left; pays for debug, rtx4090:1;"
+        " lab now, until Tue 16:00 CST; 2 rtx4090 GPU(s) reserved for the class"
+    )
+    assert left == to_micros("10.00") and default == "ml101"
+    payers, checked, available = payer_options(ledger, "amy", 0, set())
+    assert [p.value for p in payers] == ["user:amy", "course:ml101"] and checked == "course:ml101"
+    assert available == to_micros("10.00")
+    # a stranger is offered no course; an ended allowance is offered, disabled
+    assert course_options(ledger, "eve") == ([], "")
+    ledger.set_allowance("ml101", to_micros("10.00"), "week", clock() - 1)
+    ((option, _left),), default = course_options(ledger, "amy")
+    assert option.disabled_reason == "the allowance has ended" and default == ""
