@@ -10,6 +10,7 @@ from __future__ import annotations
 import copy
 import os
 import sys
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -88,6 +89,12 @@ def load_site_config(path: str | os.PathLike | None, cwd: str | None = None) -> 
                 problems.append("profiles.debug.passes: debug mode has no passes")
             if slug == "debug" and "allowed_groups_by_count" in profile:
                 problems.append("profiles.debug.allowed_groups_by_count: debug mode has no GPUs")
+            for key in ("on_idle", "on_cap"):
+                if slug == "debug" and profile.get(key) == "debug":
+                    problems.append(
+                        f"profiles.debug.{key}: a debug-mode server cannot fall back to debug"
+                        " mode; use stop"
+                    )
             for period, price in (profile.get("passes") or {}).items():
                 try:
                     parse_price(price, f"profiles.{slug}.passes.{period}")
@@ -545,11 +552,48 @@ def apply_spawner_config(site: dict, c: Config) -> Config:
         for slug, profile in site["profiles"].items()
         if profile.get("allowed_groups_by_count")
     }
+    apply_idle(site, c)
     debug = site["profiles"].get("debug", {})
     if "cpu" in debug:
         c.Catalog.debug_cpu = debug["cpu"]
     if "memory_gib" in debug:
         c.Catalog.debug_memory_gib = debug["memory_gib"]
+    return c
+
+
+def idle_policies(site: dict) -> dict[str, dict]:
+    """Each profile's idle timeout (seconds), idle action and cap action, from
+    `profiles.<slug>.idle_minutes`, `on_idle` and `on_cap` (pure)."""
+    policies = {}
+    for slug in (DEBUG, *merge_gpu_types(site.get("gpu_types"))):
+        profile = site["profiles"].get(slug, {})
+        minutes = profile.get("idle_minutes", 240 if slug == DEBUG else 30)
+        policies[slug] = {
+            # exact for fractions written in decimal (0.1 min = 6 s), never binary
+            "idle_seconds": int(Decimal(str(minutes)) * 60),
+            "on_idle": profile.get("on_idle", "stop"),
+            "on_cap": profile.get("on_cap", "stop"),
+        }
+    return policies
+
+
+def apply_idle(site: dict, c: Config) -> Config:
+    """Idle shutdown and stopping: the catalog's per-profile policy (the meter decides, the
+    servers warn), how often servers report activity, and the stop grace period (pure)."""
+    idle = site["idle"]
+    c.Catalog.idle_policy = idle_policies(site)
+    c.Catalog.idle_warn_seconds = int(Decimal(str(idle["warn_minutes"])) * 60)
+    c.Catalog.activity_interval_seconds = idle["check_interval_seconds"]
+    c.Catalog.gpu_busy_percent = idle["gpu_busy_percent"]
+    # a server's activity is what it reports (kernels, terminals, changes, busy GPUs), not
+    # the traffic of an open tab through the proxy: JupyterLab polls every few seconds, and
+    # an idle GPU in a forgotten tab would otherwise never stop
+    c.JupyterHub.last_activity_interval = 0
+    grace = site["stop_grace_seconds"]
+    # SIGTERM, then SIGKILL after the grace period (LocalGPUSpawner); the pod's grace
+    # period on Kubernetes (KubeSpawner's delete_grace_period)
+    c.LocalGPUSpawner.stop_grace_seconds = grace
+    c.KubeGPUSpawner.delete_grace_period = grace
     return c
 
 

@@ -271,6 +271,10 @@ class Choice:
 
     profile: Profile
     gpus: int
+    #: the user's spend cap for this session ("stop after ¥X"), in the site currency
+    max_cost: Decimal | None = None
+    #: the user's time cap for this session ("stop after N hours")
+    max_hours: int | None = None
 
     @property
     def rate_per_hour(self) -> Decimal:
@@ -310,9 +314,14 @@ class Choice:
 
     @property
     def user_options(self) -> dict[str, str]:
-        if self.profile.is_debug:
-            return {"profile": DEBUG}
-        return {"profile": self.profile.slug, "gpus": str(self.gpus)}
+        options = {"profile": self.profile.slug}
+        if not self.profile.is_debug:
+            options["gpus"] = str(self.gpus)
+        if self.max_cost is not None:
+            options["max_cost"] = str(self.max_cost)
+        if self.max_hours is not None:
+            options["max_hours"] = str(self.max_hours)
+        return options
 
     @property
     def label(self) -> str:
@@ -421,6 +430,37 @@ class Catalog(LoggingConfigurable):
         """,
     ).tag(config=True)
 
+    idle_policy = Dict(
+        key_trait=Unicode(),
+        help="""
+        Idle shutdown per profile slug: `{"a800": {"idle_seconds": 1800, "on_idle": "debug",
+        "on_cap": "stop"}}`. `idle_seconds` 0 = never; `on_idle` and `on_cap` are "stop" or
+        "debug" (restart in debug mode on the same disk). A profile not listed: 30 minutes
+        on a GPU, 4 hours in debug mode, stop. The meter acts on it; servers are told it so
+        JupyterLab can warn (site config `profiles.<slug>.idle_minutes`, `on_idle`, `on_cap`).
+        """,
+    ).tag(config=True)
+
+    idle_warn_seconds = Int(
+        300, min=0, help="Seconds before an idle action at which the user is warned."
+    ).tag(config=True)
+
+    activity_interval_seconds = Int(
+        60,
+        min=1,
+        help="""
+        How often a server reports its activity (kernels, terminals, changes, busy GPUs)
+        to the hub's activity API ($JUPYTERHUB_ACTIVITY_INTERVAL), and samples its GPUs.
+        """,
+    ).tag(config=True)
+
+    gpu_busy_percent = Int(
+        5,
+        min=0,
+        max=100,
+        help="GPU utilization (percent, NVML) above which a server counts as busy.",
+    ).tag(config=True)
+
     def profile_refusal(self, profile: Profile, groups: set[str] | frozenset[str]) -> str:
         """Why a member of `groups` may not use `profile` at all, or "" when allowed."""
         allowed = self.allowed_groups.get(profile.slug)
@@ -511,7 +551,7 @@ class Catalog(LoggingConfigurable):
             )
         if not isinstance(user_options, dict):
             raise InvalidChoice("user options must be an object")
-        allowed = {"profile", "gpus", *self.extra_options}
+        allowed = {"profile", "gpus", *CAP_OPTIONS, *self.extra_options}
         unknown = set(user_options) - allowed
         if unknown:
             raise InvalidChoice(
@@ -523,11 +563,12 @@ class Catalog(LoggingConfigurable):
         if not isinstance(slug, str) or slug not in profiles:
             raise InvalidChoice(f"Unknown profile {slug!r}; choose one of: {', '.join(profiles)}")
         profile = profiles[slug]
+        caps = session_caps(user_options)
         raw_gpus = user_options.get("gpus")
         if profile.is_debug:
             if raw_gpus not in (None, "", "0", 0):
                 raise InvalidChoice("Debug mode has no GPUs; leave out 'gpus'")
-            return Choice(profile, 0)
+            return Choice(profile, 0, *caps)
         if raw_gpus is None:
             raise InvalidChoice(
                 f"Profile {slug!r} needs 'gpus': one of {', '.join(map(str, profile.counts))}"
@@ -542,7 +583,81 @@ class Catalog(LoggingConfigurable):
             raise InvalidChoice(
                 f"'gpus' must be one of {', '.join(map(str, profile.counts))}, got {raw_gpus!r}"
             )
-        return Choice(profile, gpus)
+        return Choice(profile, gpus, *caps)
+
+    def idle(self, slug: str) -> IdlePolicy:
+        """What happens to an idle (or capped) server of profile `slug`."""
+        given = self.idle_policy.get(slug) or {}
+        default = DEBUG_IDLE_SECONDS if slug == DEBUG else GPU_IDLE_SECONDS
+        return IdlePolicy(
+            idle_seconds=int(given.get("idle_seconds", default)),
+            on_idle=given.get("on_idle", "stop"),
+            on_cap=given.get("on_cap", "stop"),
+        )
+
+    def idle_env(self, slug: str) -> dict[str, str]:
+        """What a server of profile `slug` is told of its idle policy (its JupyterLab warns
+        with it; the meter decides): the environment of every backend."""
+        policy = self.idle(slug)
+        return {
+            "METERHUB_IDLE_SECONDS": str(policy.idle_seconds),
+            "METERHUB_ON_IDLE": policy.on_idle,
+            "METERHUB_IDLE_WARN_SECONDS": str(self.idle_warn_seconds),
+            "METERHUB_GPU_BUSY_PERCENT": str(self.gpu_busy_percent),
+            # jupyterhub-singleuser reports its activity to the hub this often (default 300)
+            "JUPYTERHUB_ACTIVITY_INTERVAL": str(self.activity_interval_seconds),
+        }
+
+
+#: user options that cap one session's spend and time (the spawn page's "stop after")
+CAP_OPTIONS = ("max_cost", "max_hours")
+#: the longest time cap a user may set: 30 days
+MAX_HOURS = 720
+#: the largest spend cap a user may set
+MAX_COST = Decimal("1000000")
+#: idle timeouts when the site sets none: 30 minutes on a GPU, 4 hours in debug mode
+GPU_IDLE_SECONDS = 30 * 60
+DEBUG_IDLE_SECONDS = 240 * 60
+
+
+@dataclass(frozen=True)
+class IdlePolicy:
+    #: 0: never idle
+    idle_seconds: int
+    #: "stop" or "debug" (restart in debug mode on the same disk)
+    on_idle: str
+    #: what reaching a session's spend or time cap does: "stop" or "debug"
+    on_cap: str
+
+
+def session_caps(user_options: dict) -> tuple[Decimal | None, int | None]:
+    """`max_cost` (an amount string, "12.50") and `max_hours` (whole hours) of user
+    options; absent or empty: no cap. InvalidChoice says what was expected."""
+    raw_cost = user_options.get("max_cost")
+    cost = None
+    if raw_cost not in (None, ""):
+        try:
+            cost = parse_decimal(raw_cost, where="max_cost", maximum=MAX_COST)
+        except AmountError as e:
+            raise InvalidChoice(str(e)) from None
+    raw_hours = user_options.get("max_hours")
+    hours = None
+    if raw_hours not in (None, ""):
+        text = str(raw_hours).strip() if isinstance(raw_hours, (int, str)) else None
+        if (
+            isinstance(raw_hours, bool)
+            or text is None
+            or not text.isascii()
+            or not text.isdigit()
+            or not 1 <= int(text) <= MAX_HOURS
+            or text != str(raw_hours)
+        ):
+            raise InvalidChoice(
+                f"max_hours: expected a whole number of hours from 1 to {MAX_HOURS},"
+                f" got {raw_hours!r}"
+            )
+        hours = int(text)
+    return cost, hours
 
 
 def _fold(name: str) -> str:

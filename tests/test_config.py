@@ -278,7 +278,7 @@ def test_the_schema_defaults_fill_the_site_config(tmp_path):
     assert "oauth" not in complete({})["auth"]  # a nested mapping is filled only when given
     assert "https" not in site and "gpu_types" not in site  # no defaults: presence means something
     assert site["profiles"] == {} and complete({"profiles": {"debug": {"cpu": 4}}})["profiles"] == {
-        "debug": {"cpu": 4, "memory_gib": 8}
+        "debug": {"cpu": 4, "memory_gib": 8, "on_idle": "stop", "on_cap": "stop"}
     }
 
 
