@@ -206,6 +206,9 @@ def hub_latency(users: int, sessions: int, phases: int, seconds: float) -> None:
             super().__init__(*args, **kwargs)
             self.synthetic = synthetic
 
+        #: the servers' last activity as the hub tells it: none reported
+        last_activity: dict = {}
+
         async def running_servers(self):
             return {**await super().running_servers(), **self.synthetic}
 

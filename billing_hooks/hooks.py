@@ -69,6 +69,8 @@ async def authorize_spawn(spawner) -> None:
             settings.min_seconds_to_start,
             choice.label,
             wallet,
+            None if choice.max_cost is None else to_micros(choice.max_cost),
+            None if choice.max_hours is None else choice.max_hours * 3600,
         )
     except InsufficientCredit as e:
         raise web.HTTPError(402, str(e), reason="Not enough credit") from None

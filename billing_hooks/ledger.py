@@ -34,9 +34,10 @@ from .postings import (
     window_amount,
 )
 from .queries import Queries
+from .restarts import Restarts
 
 
-class Ledger(Courses, Groups, Queries, Audit, MeterBatch, Postings):
+class Ledger(Courses, Groups, Restarts, Queries, Audit, MeterBatch, Postings):
     """All methods are blocking: the hub and the meter call them off their event loops."""
 
 

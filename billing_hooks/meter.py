@@ -21,6 +21,7 @@ import logging
 import random
 from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from urllib.parse import quote
 
 from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
@@ -30,7 +31,8 @@ from .clock import utcnow
 from .courses import lab_phrase
 from .groups import RUNWAY_DAYS, AlertFacts, CapState, runway_phrase
 from .ledger import Ledger
-from .money import SECONDS_PER_HOUR, format_duration, format_money, seconds_covered
+from .money import SECONDS_PER_HOUR, format_duration, format_money, seconds_covered, to_micros
+from .restarts import wallet_option
 from .wallets import period_phrase
 
 log = logging.getLogger("meterhub.meter")
@@ -66,9 +68,12 @@ class PassResult:
     unbilled: list[tuple[str, str]] = field(default_factory=list)
     #: (url, JSON body) of group budget alerts to POST to the groups' webhooks
     webhooks: list[tuple[str, dict]] = field(default_factory=list)
-    #: (user, server, course) to stop and start again in debug mode on the course (a lab
-    #: window ended for a course whose at_window_end is "debug")
+    #: (user, server, reason) stopped to start again in debug mode on the same disk (the
+    #: hub starts it: hub/restarts.py): idle, a session cap, a lab window's end
     to_debug: list[tuple[str, str, str]] = field(default_factory=list)
+    #: (user, server) stopped for being idle, and for reaching their user's cap
+    idle: list[tuple[str, str]] = field(default_factory=list)
+    capped: list[tuple[str, str]] = field(default_factory=list)
 
 
 class HubClient:
@@ -82,6 +87,9 @@ class HubClient:
         self.timeout = timeout
         self.page_size = page_size
         self.http = AsyncHTTPClient()
+        #: {(user, server name): epoch seconds} of each server's last activity as the hub
+        #: last told it (JupyterHub's activity API: kernels, terminals, changes, busy GPUs)
+        self.last_activity: dict[tuple[str, str], int] = {}
 
     def _request(self, method: str, path: str, **kwargs) -> HTTPRequest:
         return HTTPRequest(
@@ -112,6 +120,7 @@ class HubClient:
             for user in page["items"]:
                 for name, ready in _active_servers(user).items():
                     servers[(user["name"], name)] = ready
+                self._note_activity(user)
             following = (page.get("_pagination") or {}).get("next")
             if not following:
                 return servers
@@ -130,7 +139,16 @@ class HubClient:
     async def user_servers(self, name: str) -> dict[str, bool] | None:
         """{server name: ready} of one user's running or pending servers; None: no such user."""
         user = await self._user(name)
-        return None if user is None else _active_servers(user)
+        if user is None:
+            return None
+        self._note_activity(user)
+        return _active_servers(user)
+
+    def _note_activity(self, user: dict) -> None:
+        for name, server in (user.get("servers") or {}).items():
+            at = _epoch(server.get("last_activity"))
+            if at is not None:
+                self.last_activity[(user["name"], name)] = at
 
     async def user_exists(self, name: str) -> bool:
         return await self._user(name) is not None
@@ -148,13 +166,6 @@ class HubClient:
             raise
         return list(json.loads(response.body).get("users") or [])
 
-    async def start_server(self, user: str, server_name: str, options: dict) -> None:
-        """Start a server with user options (the billing service may, for the users of
-        courses that restart in debug mode at a window's end: `servers!group=`)."""
-        await self.http.fetch(
-            self._request("POST", _server_path(user, server_name), body=json.dumps(options))
-        )
-
     async def stop_server(self, user: str, server_name: str) -> None:
         try:
             await self.http.fetch(self._request("DELETE", _server_path(user, server_name)))
@@ -168,6 +179,19 @@ def _server_path(user: str, server_name: str) -> str:
     if server_name:
         path = f"/users/{quote(user, safe='')}/servers/{quote(server_name, safe='')}"
     return path
+
+
+def _epoch(timestamp: str | None) -> int | None:
+    """Epoch seconds of one of the hub's ISO 8601 timestamps ("2026-12-03T17:40:24.5Z")."""
+    if not timestamp:
+        return None
+    try:
+        at = datetime.fromisoformat(timestamp.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    if at.tzinfo is None:
+        at = at.replace(tzinfo=UTC)
+    return int(at.timestamp())
 
 
 def _active_servers(user: dict) -> dict[str, bool]:
@@ -190,8 +214,12 @@ class Meter:
         alert_balances_micros: list[int] | None = None,
         alert_runway_days: int = 7,
         webhook_timeout_seconds: float = 10,
+        catalog=None,
     ):
         self.ledger = ledger
+        #: the profiles' idle policies and labels (spawner.catalog.Catalog); None: no
+        #: server is ever idle (tests of other things)
+        self.catalog = catalog
         #: group balances under which group admins are told (each once per top-up)
         self.alert_balances_micros = sorted(alert_balances_micros or [], reverse=True)
         #: group admins are told when the runway at the last 7 days' burn falls under this
@@ -240,48 +268,30 @@ class Meter:
         listed = dict(servers)
         open_rows = await asyncio.to_thread(self.ledger.open_session_rows)
         missed, gone = await self._confirm_absent(servers, open_rows, snapshot_at)
-        result = await asyncio.to_thread(self.charge_pass, servers, snapshot_at, gone)
+        result = await asyncio.to_thread(
+            self.charge_pass, servers, snapshot_at, gone, dict(self.hub.last_activity)
+        )
         await asyncio.to_thread(self._record_missed, missed, result)
+        for user, server_name, reason in dict.fromkeys(result.to_debug):
+            log.warning(
+                "Stopping %s/%s to restart it in debug mode (%s); the hub starts it again",
+                user,
+                server_name,
+                reason,
+            )
+            await self.hub.stop_server(user, server_name)
         for user, server_name in dict.fromkeys(result.to_stop):
             log.warning(
-                "Stopping %s/%s: out of credit, over a cap or after its lab window",
+                "Stopping %s/%s: out of credit, idle, at a cap or after its lab window",
                 user,
                 server_name,
             )
             await self.hub.stop_server(user, server_name)
-        for user, server_name, course in dict.fromkeys(result.to_debug):
-            log.warning(
-                "Restarting %s/%s in debug mode: %s's lab is over", user, server_name, course
-            )
-            _RESTARTS.add(asyncio.ensure_future(self._restart_in_debug(user, server_name, course)))
-            for task in list(_RESTARTS):
-                if task.done():
-                    _RESTARTS.discard(task)
         for url, body in result.webhooks:
             await self._post_webhook(url, body)
         await self._stop_unbilled(listed, open_rows, result)
         self.last_pass_at = self.clock()
         return result
-
-    async def _restart_in_debug(self, user: str, server_name: str, course: str) -> None:
-        """Stop the server, wait until the hub has stopped it, and start it again in debug
-        mode on the same disk, paid by the course (a failure is logged: the server stays
-        stopped, its files kept, as with at_window_end stop)."""
-        try:
-            await self.hub.stop_server(user, server_name)
-            for _ in range(RESTART_WAIT_POLLS):
-                servers = await self.hub.user_servers(user)
-                if servers is None or server_name not in servers:
-                    break
-                await asyncio.sleep(1)
-            else:
-                log.warning("%s/%s did not stop in time: not restarted", user, server_name)
-                return
-            await self.hub.start_server(
-                user, server_name, {"profile": "debug", "wallet": f"course:{course}"}
-            )
-        except Exception:
-            log.exception("Could not restart %s/%s in debug mode", user, server_name)
 
     async def _confirm_absent(
         self, servers: dict[tuple[str, str], bool], open_rows: list, snapshot_at: int
@@ -373,6 +383,7 @@ class Meter:
         servers: dict[tuple[str, str], bool],
         snapshot_at: int,
         gone: Collection[int] = (),
+        activity: dict[tuple[str, str], int] | None = None,
     ) -> PassResult:
         """The database half of a pass (blocking; runs in a thread).
 
@@ -432,7 +443,169 @@ class Meter:
                     self._check_window(course, view, now, result)
         for facts in self.ledger.alert_facts(groups, now):
             self._group_alerts(facts, result)
+        for view in views.values():
+            for session, spent, through in view.capped:
+                self._check_session_cap(view, session, spent, through, now, result)
+            for session in view.sessions:
+                self._check_idle(view, session, (activity or {}), now, result)
         return result
+
+    def _label(self, session) -> str:
+        """ "1 × A800", "debug mode (no GPU)": how the spawn page named the choice."""
+        if self.catalog is not None:
+            try:
+                return self.catalog.choice(session.profile, session.gpus).label
+            except Exception:
+                pass
+        return f"{session.gpus} × {session.profile}" if session.gpus else "debug mode (no GPU)"
+
+    def _fall_back(self, view, session, reason: str, action: str, result: PassResult) -> bool:
+        """Stop the session's server; for action "debug" (a GPU server) queue its restart in
+        debug mode on the same disk, paid by the same wallet. True if it restarts."""
+        where = (session.user_name, session.server_name)
+        if action == "debug" and session.gpus > 0:
+            self.ledger.request_restart(
+                session.user_name,
+                session.server_name,
+                session.id,
+                wallet_option(view.kind, view.user),
+                reason,
+            )
+            result.to_debug.append((*where, reason))
+            return True
+        result.to_stop.append(where)
+        return False
+
+    def _check_idle(self, view, session, activity: dict, now: int, result: PassResult) -> None:
+        """Stop (or restart in debug mode) a server idle for its profile's timeout, and warn
+        `idle_warn_seconds` before. Idle: no activity the hub was told of (kernels,
+        terminals, changes, busy GPUs) since max(last activity, ready)."""
+        if self.catalog is None or session.ready_at is None:
+            return
+        policy = self.catalog.idle(session.profile)
+        limit = policy.idle_seconds
+        if limit <= 0:
+            return
+        last = max(activity.get((session.user_name, session.server_name), 0), session.ready_at)
+        idle = now - last
+        warn = self.catalog.idle_warn_seconds
+        if idle < limit - warn:
+            return
+        label = self._label(session)
+        currency = self.ledger.currency
+        rate = format_money(session.rate_micros_per_hour, currency)
+        server = f"server {session.server_name!r}" if session.server_name else "server"
+        debug = policy.on_idle == "debug" and session.gpus > 0
+        if idle >= limit:
+            restarted = self._fall_back(view, session, "idle", policy.on_idle, result)
+            result.idle.append((session.user_name, session.server_name))
+            if restarted:
+                debug_rate = self._debug_rate()
+                message = (
+                    f"Your {server} ({label}, {rate}/h) was idle for {format_duration(idle)} —"
+                    " no kernel, terminal or GPU activity — so it was restarted in debug mode"
+                    f" on the same disk ({debug_rate}/h): the GPU is free for others and you"
+                    f" stop paying {rate}/h. Your files are there; start on a GPU again from"
+                    " the Hub Control Panel when you need one."
+                )
+            else:
+                message = (
+                    f"Your {server} ({label}, {rate}/h) was idle for {format_duration(idle)} —"
+                    " no kernel, terminal or GPU activity — so it was stopped. Your files are"
+                    " kept; start it again from the Hub Control Panel."
+                )
+            self.ledger.notify(
+                session.user_name,
+                f"idle-stopped:{session.id}",
+                "restarted" if restarted else "stopped",
+                message,
+            )
+            return
+        key = f"idle-warn:{session.id}:{last}"
+        then = "restarts in debug mode on the same disk" if debug else "stops"
+        if self.ledger.notify(
+            session.user_name,
+            key,
+            "idle-warning",
+            f"Your {server} ({label}, {rate}/h) has been idle for {format_duration(idle)}: it"
+            f" {then} in {format_duration(limit - idle)} unless you use it — run a cell, type"
+            " in a terminal, or click Keep running. Your files are kept.",
+        ):
+            result.notified.append(key)
+
+    def _debug_rate(self) -> str:
+        if self.catalog is None:
+            return "debug mode"
+        try:
+            return format_money(
+                to_micros(self.catalog.choice("debug").rate_per_hour), self.ledger.currency
+            )
+        except Exception:
+            return "debug mode"
+
+    def _check_session_cap(
+        self, view, session, spent: int, through: int, now: int, result: PassResult
+    ) -> None:
+        """Stop (or restart in debug mode) a session at the cap its user set ("stop after
+        ¥X / N hours"); warn at `warn_minutes` before. Charging stopped at the cap already
+        (billing_hooks.postings.capped_end): the server stops within a pass of it."""
+        currency = self.ledger.currency
+        lefts = []
+        if session.max_seconds is not None:
+            lefts.append(session.ready_at + session.max_seconds - now)
+        if session.max_cost_micros is not None:
+            if through < now:
+                lefts.append(through - now)  # charging stopped short: the cap is reached
+            else:
+                covered = seconds_covered(
+                    session.max_cost_micros - spent, session.rate_micros_per_hour
+                )
+                if covered is not None:
+                    lefts.append(covered)
+        if not lefts:
+            return
+        left = min(lefts)
+        caps = " and ".join(
+            part
+            for part in (
+                session.max_cost_micros is not None
+                and f"{format_money(session.max_cost_micros, currency)}",
+                session.max_seconds is not None and format_duration(session.max_seconds),
+            )
+            if part
+        )
+        server = f"server {session.server_name!r}" if session.server_name else "server"
+        action = self.catalog.idle(session.profile).on_cap if self.catalog else "stop"
+        debug = action == "debug" and session.gpus > 0
+        if left <= 0:
+            restarted = self._fall_back(view, session, "cap", action, result)
+            result.capped.append((session.user_name, session.server_name))
+            self.ledger.notify(
+                session.user_name,
+                f"session-cap:{session.id}",
+                "restarted" if restarted else "stopped",
+                f"Your {server} ({self._label(session)}) reached the limit you set for it"
+                f" (stop after {caps}): it cost {format_money(spent, currency)}, and was "
+                + (
+                    "restarted in debug mode on the same disk. Your files are there."
+                    if restarted
+                    else "stopped. Your files are kept."
+                ),
+            )
+            return
+        then = "restarts in debug mode" if debug else "stops"
+        for minutes in self.warn_minutes:
+            if left <= minutes * 60:
+                key = f"warn-session-cap:{session.id}:{minutes}"
+                if self.ledger.notify(
+                    session.user_name,
+                    key,
+                    "cap-warning",
+                    f"Your {server} reaches the limit you set for it (stop after {caps}) in"
+                    f" {format_duration(left)} and {then} then; it has cost"
+                    f" {format_money(spent, currency)} so far. Your files are kept.",
+                ):
+                    result.notified.append(key)
 
     async def _post_webhook(self, url: str, body: dict) -> None:
         """POST a group's budget alert; a failure is logged (the in-hub notification stays)."""
@@ -561,10 +734,7 @@ class Meter:
                     and course.debug_outside_windows
                     and session.gpus > 0
                 )
-                if restart:
-                    result.to_debug.append((session.user_name, session.server_name, course.name))
-                else:
-                    result.to_stop.append((session.user_name, session.server_name))
+                self._fall_back(view, session, "lab", "debug" if restart else "stop", result)
                 self.ledger.notify(
                     session.user_name,
                     f"lab-ended:{session.id}",
@@ -654,12 +824,6 @@ class Meter:
                         " are kept.",
                     ):
                         result.notified.append(key)
-
-
-#: restarts in flight (the event loop keeps only weak references to tasks)
-_RESTARTS: set[asyncio.Future] = set()
-#: seconds a restart waits for the hub to stop the server
-RESTART_WAIT_POLLS = 120
 
 
 def _limited(users: dict, what: str) -> Iterable[str]:

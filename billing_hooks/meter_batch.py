@@ -9,14 +9,14 @@ session: see `MeterBatch.charge_running`.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, cast
 
 from sqlalchemy import Table, and_, case, func, or_, select
 
 from .money import window_charge
 from .orm import MeteredSession, Pass, Wallet
-from .postings import METER, window_amount
+from .postings import METER, capped_end, session_spent, window_amount
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
@@ -38,6 +38,11 @@ class WalletView:
     paying: list
     ended_passes: list
     kind: str = "user"
+    #: (session row, spent micros after this pass, metered through) of sessions with a
+    #: user's cap ("stop after ¥X / N hours") that this wallet pays for
+    capped: list = field(default_factory=list)
+    #: every running session charged to this wallet in the pass (passes' too)
+    sessions: list = field(default_factory=list)
 
 
 CHARGE_COLUMNS = (
@@ -102,6 +107,17 @@ def _write_balances(conn, balances: dict[int, int]) -> None:
         conn.exec_driver_sql(SQLITE_SET_BALANCES, [(b, w) for w, b in balances.items()])
 
 
+@dataclass
+class _Ready:
+    """A batch row with its ready time (now, for a session the hub could not note ready)."""
+
+    row: Any
+    ready_at: int
+
+    def __getattr__(self, name):
+        return getattr(self.row, name)
+
+
 class MeterBatch:
     if TYPE_CHECKING:
         # Postings provides these; Ledger puts them together
@@ -143,7 +159,10 @@ class MeterBatch:
                 S.c.rate_micros_per_hour,
                 S.c.ready_at,
                 S.c.metered_through,
+                S.c.max_cost_micros,
+                S.c.max_seconds,
             )
+            width = len(columns)
             in_range_rows: Sequence[Any]
             if conn.dialect.name == "postgresql":
                 wallets = {
@@ -167,8 +186,14 @@ class MeterBatch:
                     .where(in_range)
                     .order_by(S.c.id)
                 ).all()
-                wallets = {row[1]: [row[9], row[10], row[11]] for row in in_range_rows}
+                wallets = {row[1]: list(row[width : width + 3]) for row in in_range_rows}
             sessions = [s for s in in_range_rows if s[0] in wanted]
+            capped_ids = {
+                s.id for s in sessions if s.max_cost_micros is not None or s.max_seconds is not None
+            }
+            # the few sessions with a user's cap: what they spent so far (one query)
+            spent = session_spent(db, sorted(capped_ids))
+            capped_through: dict[int, int] = {}
             passes: dict[int, list] = {}
             for held in conn.execute(select(P).where(P.c.wallet_id.in_(owners))):
                 passes.setdefault(held.wallet_id, []).append(held)
@@ -186,6 +211,12 @@ class MeterBatch:
                     covering = [p for p in passes[wid] if p.profile == profile and p.gpus >= gpus]
                 end = max(start, now)
                 wallet = wallets[wid]
+                if sid in capped_ids:
+                    intervals = [(p.starts_at, p.ends_at) for p in covering or ()]
+                    end = capped_end(
+                        _Ready(session, ready), spent.get(sid, 0), start, end, intervals
+                    )
+                    capped_through[sid] = end
                 if end > start:
                     if covering:
                         intervals = [(p.starts_at, p.ends_at) for p in covering]
@@ -195,9 +226,16 @@ class MeterBatch:
                     balance = wallet[1] = wallet[1] + amount
                     key = f"charge:{sid}:{start}-{end}"
                     entries.append((wid, amount, balance, key, sid, start, end, METER, now))
+                    if sid in capped_through:
+                        spent[sid] = spent.get(sid, 0) - amount
                 view = views.get(wid)
                 if view is None:
                     view = views[wid] = WalletView(wallet[0], 0, [], [], wallet[2])
+                view.sessions.append(_Ready(session, ready))
+                if sid in capped_through:
+                    view.capped.append(
+                        (_Ready(session, ready), spent.get(sid, 0), capped_through[sid])
+                    )
                 if not covering:
                     view.paying.append(session)
                 elif not any(p.starts_at <= now < p.ends_at for p in covering):
@@ -211,6 +249,19 @@ class MeterBatch:
                 charged = in_range
                 if len(sessions) < len(in_range_rows):
                     charged = and_(in_range, S.c.id.in_([s.id for s in sessions]))
+                if capped_through:
+                    # a capped session is metered only up to its cap: one statement each
+                    charged = and_(charged, S.c.id.notin_(list(capped_through)))
+                    for sid, through in capped_through.items():
+                        conn.execute(
+                            S.update()
+                            .where(S.c.id == sid)
+                            .values(
+                                ready_at=func.coalesce(S.c.ready_at, now),
+                                metered_through=through,
+                                last_seen_running=now,
+                            )
+                        )
                 conn.execute(
                     S.update()
                     .where(charged)

@@ -110,6 +110,10 @@ class MeteredSession(Base):
     metered_through: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     last_seen_running: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     pass_id: Mapped[int | None] = mapped_column(ForeignKey("passes.id"), nullable=True)
+    #: the user's cap on this session ("stop after ¥X"): charges never pass it
+    max_cost_micros: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    #: the user's time cap ("stop after N hours"), counted from ready: nothing is charged after
+    max_seconds: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
 
 
 class Pass(Base):
@@ -304,3 +308,30 @@ class CourseMember(Base):
     full_name: Mapped[str] = mapped_column(Text, default="")
     email: Mapped[str] = mapped_column(Text, default="")
     added_at: Mapped[int] = mapped_column(BigInteger)
+
+
+class Restart(Base):
+    """A server the meter stopped to start again in debug mode on the same disk (idle, a
+    session cap, a lab window's end). The hub starts it, in its own process, with a
+    short-lived token of the user's limited to that one server: the billing service itself
+    never holds the right to start servers."""
+
+    __tablename__ = "restarts"
+    __table_args__ = (
+        Index("ix_restarts_pending", "applied_at", "id"),
+        UniqueConstraint("session_id"),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    user_name: Mapped[str] = mapped_column(String(255))
+    server_name: Mapped[str] = mapped_column(String(255), default="")
+    #: the stopped session: one restart per session, whichever pass asks twice
+    session_id: Mapped[int | None] = mapped_column(ForeignKey("sessions.id"), nullable=True)
+    #: the user options to start with, JSON ({"profile": "debug", "wallet": "group:lab"})
+    options: Mapped[str] = mapped_column(Text)
+    #: idle | cap | lab
+    reason: Mapped[str] = mapped_column(String(16))
+    created_at: Mapped[int] = mapped_column(BigInteger)
+    applied_at: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    #: what starting it found ("" when it started)
+    outcome: Mapped[str] = mapped_column(Text, default="")

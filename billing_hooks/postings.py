@@ -344,6 +344,8 @@ class Postings:
         min_seconds: int,
         label: str = "",
         wallet: str | WalletRef | None = None,
+        max_cost_micros: int | None = None,
+        max_seconds: int | None = None,
     ) -> Authorization:
         """Authorize a spawn and open its session, or refuse with what to do.
 
@@ -353,6 +355,9 @@ class Postings:
         (two of one user, or many members of one group) cannot together overspend. From a
         group wallet the member's cap, if any, must cover the same, on top of what they
         spent in the cap's period and their other sessions on it.
+
+        `max_cost_micros` and `max_seconds` are the user's own caps on this session (the
+        spawn page's "stop after"): it is never charged past either.
         """
         now = self.clock()
         payer = as_ref(user if wallet is None else wallet)
@@ -453,6 +458,8 @@ class Postings:
                 gpus=gpus,
                 rate_micros_per_hour=rate_micros_per_hour,
                 started_at=now,
+                max_cost_micros=max_cost_micros,
+                max_seconds=max_seconds,
             )
             db.add(session)
             db.flush()
@@ -497,6 +504,10 @@ class Postings:
         end = until if session.stopped_at is None else min(until, session.stopped_at)
         start = session.metered_through
         assert start is not None  # set together with ready_at
+        covered = covering_passes(db, session)
+        if session.max_cost_micros is not None or session.max_seconds is not None:
+            spent = session_spent(db, [session.id]).get(session.id, 0)
+            end = capped_end(session, spent, start, end, covered)
         if end <= start:
             return None
         amount = window_amount(
@@ -504,7 +515,7 @@ class Postings:
             session.ready_at,
             start,
             end,
-            covering_passes(db, session),
+            covered,
         )
         moved = cast(
             "CursorResult[Any]",
@@ -767,6 +778,44 @@ def window_amount(
         window_charge(rate_micros_per_hour, ready_at, a, b)
         for a, b in uncovered(start, end, covered)
     )
+
+
+def session_spent(db: Session, session_ids: list[int]) -> dict[int, int]:
+    """What each session's charges took so far (positive micros), by session id."""
+    if not session_ids:
+        return {}
+    rows = db.execute(
+        select(Entry.session_id, func.sum(Entry.amount_micros))
+        .where(Entry.session_id.in_(session_ids), Entry.kind == "charge")
+        .group_by(Entry.session_id)
+    )
+    return {sid: -int(total or 0) for sid, total in rows}
+
+
+def capped_end(session, spent_micros: int, start: int, end: int, covered) -> int:
+    """Where charging [start, end) must stop for the session's own caps: never after
+    `max_seconds` from ready, never past `max_cost_micros` in all (the last whole second
+    that fits: the session costs exactly its cap whenever the cap buys whole seconds)."""
+    if session.max_seconds is not None:
+        end = min(end, session.ready_at + session.max_seconds)
+    if session.max_cost_micros is None or end <= start:
+        return max(start, end)
+    budget = session.max_cost_micros - spent_micros
+    rate, ready = session.rate_micros_per_hour, session.ready_at
+
+    def cost(until: int) -> int:
+        return -window_amount(rate, ready, start, until, covered)
+
+    if cost(end) <= budget:
+        return end
+    low, high = start, end  # cost(low) <= budget < cost(high)
+    while high - low > 1:
+        middle = (low + high) // 2
+        if cost(middle) <= budget:
+            low = middle
+        else:
+            high = middle
+    return low
 
 
 def covering_passes(db: Session, session: MeteredSession) -> list[tuple[int, int]]:

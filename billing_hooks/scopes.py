@@ -169,20 +169,3 @@ def instructs(scopes, course: str) -> bool:
         or COURSE_INSTRUCTOR_SCOPE in scopes
         or is_billing_admin(scopes)
     )
-
-
-#: the billing service's role for restarting servers in debug mode at a window's end
-COURSE_RESTART_ROLE = f"{COURSE_ROLE_PREFIX}restarts"
-
-
-def course_restart_role(courses: Sequence[str]) -> dict:
-    """What the meter needs to restart a course's students' servers in debug mode when a
-    lab window ends (courses with at_window_end "debug"): start servers of those courses'
-    students only, `servers!group=COURSE`, and nothing more."""
-    return {
-        "name": COURSE_RESTART_ROLE,
-        "description": "The meter restarts course-paid servers in debug mode at a lab's end.",
-        "scopes": [f"servers!group={course}" for course in courses],
-        "users": [],
-        "services": [BILLING_SERVICE],
-    }

@@ -63,6 +63,8 @@ async def run(settings: BillingSettings, config) -> None:
     logging.basicConfig(
         level=logging.INFO, format="[%(levelname)1.1s %(asctime)s billing] %(message)s"
     )
+    from meterhub.spawner.catalog import Catalog
+
     ledger = settings.ledger()
     hub = HubClient(os.environ["JUPYTERHUB_API_URL"], os.environ["JUPYTERHUB_API_TOKEN"])
     meter = Meter(
@@ -73,6 +75,8 @@ async def run(settings: BillingSettings, config) -> None:
         # "0" is a threshold too (the group's credit ran out): not an amount one may grant
         alert_balances_micros=[to_micros(Decimal(v)) for v in settings.group_alert_balances],
         alert_runway_days=settings.group_alert_runway_days,
+        # the profiles' idle policies (the catalog: a profile is defined once)
+        catalog=Catalog(config=config),
     )
     service_url = urlparse(os.environ.get("JUPYTERHUB_SERVICE_URL", "http://127.0.0.1:8082"))
     prefix = os.environ.get("JUPYTERHUB_SERVICE_PREFIX", "/services/billing/")

@@ -20,7 +20,6 @@ from jupyterhub import orm, roles
 
 from meterhub.billing_hooks.scopes import (
     LEDGER_ROLE_PREFIXES,
-    course_restart_role,
     course_role,
     group_admin_role,
 )
@@ -36,9 +35,6 @@ def group_admin_roles(ledger) -> list[dict]:
     for course, roster in ledger.course_rosters().items():
         roles.append(course_role(course, "ta", roster["ta"]))
         roles.append(course_role(course, "instructor", roster["instructor"]))
-    restarting = [c.name for c in ledger.courses() if c.at_window_end == "debug"]
-    if restarting:
-        roles.append(course_restart_role(restarting))
     return roles
 
 

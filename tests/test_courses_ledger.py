@@ -423,7 +423,7 @@ def test_a_course_that_restarts_in_debug_mode_asks_the_meter_to_and_says_so():
     assert warning.endswith("restarts in debug mode then, on the same disk.")
     clock.advance(60)
     result = meter.charge_pass({("amy", ""): True}, clock())
-    assert result.to_debug == [("amy", "", "ml101")] and result.to_stop == []
+    assert result.to_debug == [("amy", "", "lab")] and result.to_stop == []
     (notice,) = [n.message for n in ledger.notifications("amy") if n.kind == "stopped"]
     assert notice.endswith("was restarted in debug mode on the same disk: your files are there.")
 

@@ -34,6 +34,9 @@ class FakeHub:
     async def fetch(self, request):
         self.posted.append(request.url)
 
+    #: the servers' last activity as the hub tells it: none reported
+    last_activity: dict = {}
+
     async def running_servers(self):
         return dict(self.servers)
 

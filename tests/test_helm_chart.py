@@ -769,6 +769,9 @@ def test_the_billing_app_answers_its_probes_at_the_rendered_paths(chart, tmp_pat
         async def group_members(self, name):
             return None
 
+        #: the servers' last activity as the hub tells it: none reported
+        last_activity: dict = {}
+
         async def running_servers(self):
             return {}
 

@@ -19,6 +19,9 @@ class FakeHub:
         self.servers: dict[tuple[str, str], bool] = {}
         self.stop_requests: list[tuple[str, str]] = []
 
+    #: the servers' last activity as the hub tells it: none reported
+    last_activity: dict = {}
+
     async def running_servers(self):
         return dict(self.servers)
 

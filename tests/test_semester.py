@@ -330,6 +330,9 @@ def test_migrate_refuses_what_it_cannot_copy(tmp_path):
 class DeadHub:
     """A hub that never answers: every pass fails."""
 
+    #: the servers' last activity as the hub tells it: none reported
+    last_activity: dict = {}
+
     async def running_servers(self):
         raise ConnectionRefusedError("the hub is down")
 

@@ -1,0 +1,126 @@
+"""The hub's half of a debug-mode restart (billing_hooks/restarts.py): start again, in debug
+mode on the same disk, a server the meter stopped for being idle, for reaching its user's
+cap, or at the end of a lab window.
+
+The billing service may stop servers, never start them. The hub starts these itself, in its
+own process, once the server has stopped: through its own REST API, with a token of the
+user's that lives two minutes and can start that one server only (`servers!server=U/S`),
+deleted right after. So a restart is the user's own start, checked like any other: the
+catalog, the wallet (the same one that paid), the course's rules, the credit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from urllib.parse import quote
+
+from jupyterhub import orm
+from jupyterhub.utils import url_path_join
+from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
+
+log = logging.getLogger("meterhub.restarts")
+
+#: a restart whose server has not stopped after this long is given up (files kept)
+GIVE_UP_SECONDS = 600
+#: the user's token for one restart lives this long
+TOKEN_SECONDS = 120
+
+
+def _server_path(user: str, server_name: str) -> str:
+    path = f"api/users/{quote(user, safe='')}/server"
+    if server_name:
+        path = f"api/users/{quote(user, safe='')}/servers/{quote(server_name, safe='')}"
+    return path
+
+
+async def run_restarts(app, ledger) -> int:
+    """Start the queued restarts whose servers have stopped; returns how many started.
+    Ledger reads and writes run in threads; the hub's session on the event loop only."""
+    pending = await asyncio.to_thread(ledger.pending_restarts)
+    started = 0
+    for restart in pending:
+        outcome = await _restart(app, restart, ledger.clock())
+        if outcome is None:
+            continue  # still stopping: the next sync looks again
+        if outcome:
+            log.warning(
+                "Not restarting %s/%s in debug mode: %s",
+                restart.user_name,
+                restart.server_name,
+                outcome,
+            )
+            await asyncio.to_thread(
+                ledger.notify,
+                restart.user_name,
+                f"restart-failed:{restart.id}",
+                "stopped",
+                f"Your server could not be started again in debug mode ({outcome}). It is"
+                " stopped; your files are kept. Start it from the Hub Control Panel.",
+            )
+        else:
+            started += 1
+        await asyncio.to_thread(ledger.restart_applied, restart.id, outcome)
+    return started
+
+
+async def _restart(app, restart, now: int) -> str | None:
+    """ "" when started, a reason when not, None to look again at the next sync."""
+    try:
+        user = app.users[restart.user_name]
+    except KeyError:
+        return "the user no longer exists"
+    if restart.server_name and restart.server_name not in user.orm_spawners:
+        return "the server no longer exists"
+    spawner = user.spawners[restart.server_name]
+    if spawner.active or spawner.pending:
+        if now - restart.created_at > GIVE_UP_SECONDS:
+            return f"it did not stop within {GIVE_UP_SECONDS // 60} minutes"
+        started = spawner.orm_spawner.started
+        if spawner.ready and started is not None and started.timestamp() > restart.created_at:
+            return "its user started it again meanwhile"
+        return None
+    token = user.new_api_token(
+        note="meterhub: restart in debug mode",
+        expires_in=TOKEN_SECONDS,
+        scopes=[f"servers!server={user.name}/{restart.server_name}"],
+    )
+    try:
+        url = url_path_join(app.hub.url, _server_path(user.name, restart.server_name))
+        await AsyncHTTPClient().fetch(
+            HTTPRequest(
+                url,
+                method="POST",
+                headers={"Authorization": f"token {token}", "Content-Type": "application/json"},
+                body=restart.options,
+                request_timeout=60,
+            )
+        )
+    except HTTPClientError as e:
+        return _refusal(e)
+    except Exception as e:
+        return f"the hub did not answer: {e}"
+    finally:
+        found = orm.APIToken.find(app.db, token)
+        if found is not None:
+            app.db.delete(found)
+            app.db.commit()
+    log.info(
+        "Restarted %s/%s in debug mode (%s): %s",
+        user.name,
+        restart.server_name,
+        restart.reason,
+        json.loads(restart.options),
+    )
+    return ""
+
+
+def _refusal(error: HTTPClientError) -> str:
+    said = ""
+    if error.response is not None and error.response.body:
+        try:
+            said = json.loads(error.response.body).get("message") or ""
+        except (ValueError, AttributeError):
+            pass
+    return f"{error.code}: {said}" if said else f"the hub answered {error.code}"
