@@ -106,9 +106,53 @@ def wallet_json(ledger: Ledger, user: str, warn_minutes: Sequence[int] = ()) -> 
         "minutes_left": None if seconds is None else seconds // 60,
         "summary": summary,
         "running": [_session_json(s, cost) for s, cost in running],
+        # every server of the user's that runs, whoever pays, with the cap its user set
+        "servers": [
+            {**_session_json(s, cost), "cap": cap_json(s, cost, ledger.clock(), currency)}
+            for s, cost in ledger.sessions_with_cost(user, open_only=True)
+        ],
         # the site's billing.warn_minutes: JupyterLab colours its status by them
         "warn_minutes": sorted(warn_minutes, reverse=True),
     }
+
+
+def cap_json(session: MeteredSession, cost: int, now: int, currency: str) -> dict | None:
+    """The cap a user set on a running session ("stop after ¥X / N hours") and what is
+    left of it: money, and seconds at its rate (the sooner of the two); None: no cap."""
+    if session.max_cost_micros is None and session.max_seconds is None:
+        return None
+    lefts = []
+    cost_left = None
+    if session.ready_at is not None and session.max_seconds is not None:
+        lefts.append(max(0, session.ready_at + session.max_seconds - now))
+    if session.max_cost_micros is not None:
+        cost_left = max(0, session.max_cost_micros - cost)
+        covered = seconds_covered(cost_left, session.rate_micros_per_hour)
+        if covered is not None and session.ready_at is not None:
+            # what the meter has not charged yet is spent already
+            unbilled = max(0, now - (session.metered_through or now))
+            lefts.append(max(0, covered - unbilled))
+    return {
+        "max_cost": None if session.max_cost_micros is None else _money(session.max_cost_micros),
+        "max_hours": None if session.max_seconds is None else session.max_seconds // 3600,
+        "cost_left": None if cost_left is None else _money(cost_left),
+        "left_seconds": min(lefts) if lefts else None,
+        "summary": cap_phrase(session, cost, currency),
+    }
+
+
+def cap_phrase(session: MeteredSession, cost: int, currency: str) -> str:
+    """"stop after ¥12.00 (¥3.40 left) or 3 h": the cap as the Wallet page says it."""
+    parts = []
+    if session.max_cost_micros is not None:
+        left = max(0, session.max_cost_micros - cost)
+        parts.append(
+            f"{format_money(session.max_cost_micros, currency)}"
+            f" ({format_money(left, currency)} left)"
+        )
+    if session.max_seconds is not None:
+        parts.append(format_duration(session.max_seconds))
+    return "stop after " + " or ".join(parts)
 
 
 def _session_json(session: MeteredSession, cost: int) -> dict:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from jinja2 import Environment, select_autoescape
 
-from .catalog import Catalog, Choice, Profile
+from .catalog import MAX_HOURS, Catalog, Choice, Profile
 from .options import nothing_allowed
 
 #: what a deployment adds to each choice: (note shown beside it, reason it cannot start or "")
@@ -125,4 +125,5 @@ def render_options_form(
         nothing_allowed=nothing_allowed(catalog, groups),
         payers=payers,
         payer_checked=payer_checked,
+        max_hours=MAX_HOURS,
     )

@@ -16,7 +16,7 @@ from tornado import web
 from traitlets import Instance, default
 from traitlets.config import LoggingConfigurable
 
-from .catalog import Catalog, Choice, InvalidChoice
+from .catalog import CAP_OPTIONS, Catalog, Choice, InvalidChoice
 
 #: group names that may name a shared folder (a directory, a Kubernetes claim)
 SHARED_FOLDER_NAME = re.compile(r"[a-z0-9][a-z0-9._-]{0,63}\Z")
@@ -101,6 +101,11 @@ class CatalogOptions(LoggingConfigurable):
         wallet = (formdata.get("wallet") or [""])[0]
         if wallet and "wallet" in self.catalog.extra_options:
             options["wallet"] = wallet
+        # "stop after ¥X / N hours": blank means no cap; the catalog checks the rest
+        for cap in CAP_OPTIONS:
+            value = (formdata.get(cap) or [""])[0].strip()
+            if value:
+                options[cap] = value
         return options
 
     def parse_options(self) -> Choice:
