@@ -142,7 +142,7 @@ def cap_json(session: MeteredSession, cost: int, now: int, currency: str) -> dic
 
 
 def cap_phrase(session: MeteredSession, cost: int, currency: str) -> str:
-    """"stop after ¥12.00 (¥3.40 left) or 3 h": the cap as the Wallet page says it."""
+    """The cap as the Wallet page says it: "stop after ¥12.00 (¥3.40 left) or 3 h"."""
     parts = []
     if session.max_cost_micros is not None:
         left = max(0, session.max_cost_micros - cost)

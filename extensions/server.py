@@ -1,13 +1,24 @@
-"""A Jupyter server extension in every meterhub server: the user's credit for JupyterLab.
+"""A Jupyter server extension in every meterhub server: the user's credit for JupyterLab, and
+what counts as this server's activity for idle shutdown (docs/idle.md).
 
 - `GET /api/meterhub/status`: balance, rate, minutes left, the site's warning thresholds
-  (`warn_minutes`), the server's profile and GPUs, and the unread notifications.
+  (`warn_minutes`), the server's profile and GPUs, the unread notifications, how long the
+  server has been idle of its limit (`idle`) and the soonest stop foreseeable (`stop`).
 - `POST /api/meterhub/notifications/read` with `{"ids": [1, 2]}`: JupyterLab has shown those
   notifications, so they are marked read and a reload does not show them again.
+- `POST /api/meterhub/activity` (204): the user is still here; counts as activity.
+- `POST /api/meterhub/saving` (204): JupyterLab is about to save before a stop; neither this
+  nor the saves of the next `SAVING_WINDOW_SECONDS` count as activity.
 
-Both ask the billing API with the server's own token ($JUPYTERHUB_API_TOKEN, which the hub
-grants `access:services!service=billing` and nothing more of billing); the billing service
-answers only for that token's user. No admin token ever reaches a server.
+Activity is what jupyter_server reports (`ServerApp.last_activity()`, which
+jupyterhub-singleuser sends to the hub every $JUPYTERHUB_ACTIVITY_INTERVAL seconds): kernels,
+terminals, API requests that change something (not JupyterLab's polls), and this extension's
+busy-GPU samples. On SIGTERM every kernel gets SIGTERM at once and up to
+$METERHUB_STOP_GRACE_SECONDS to exit before the server shuts down, so training can checkpoint.
+
+The status asks the billing API with the server's own token ($JUPYTERHUB_API_TOKEN, which
+the hub grants `access:services!service=billing` and nothing more of billing); the billing
+service answers only for that token's user. No admin token ever reaches a server.
 
 Enabled in every server by the data file `jupyter-config/jupyter_server_config.d/meterhub.json`,
 which installing meterhub puts into `{prefix}/etc/jupyter/jupyter_server_config.d/`.
@@ -15,19 +26,60 @@ which installing meterhub puts into `{prefix}/etc/jupyter/jupyter_server_config.
 
 from __future__ import annotations
 
+import asyncio
 import json
+import logging
 import os
+import signal
+import time
+from collections.abc import Callable, Mapping
+from datetime import UTC, datetime
 from urllib.parse import quote
 
 from jupyter_server.base.handlers import APIHandler
-from jupyter_server.utils import url_path_join
+from jupyter_server.utils import ensure_async, url_path_join
 from tornado import web
 from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
 
 #: how long one call to the billing API may take
 BILLING_TIMEOUT_SECONDS = 10
+#: how long one call to the hub's activity API may take
+HUB_TIMEOUT_SECONDS = 10
 #: the most notification ids one mark-read request may carry
 MAX_READ_IDS = 100
+#: after `POST /api/meterhub/saving`, saves do not count as activity for this long
+SAVING_WINDOW_SECONDS = 30
+#: methods that only read: an open JupyterLab tab sends them every few seconds by itself
+READ_ONLY_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+#: methods of a save through the contents API
+SAVE_METHODS = frozenset({"PUT", "PATCH"})
+#: $JUPYTERHUB_ACTIVITY_INTERVAL when the spawner set none (the catalog's default)
+DEFAULT_ACTIVITY_INTERVAL_SECONDS = 60
+#: jupyter_server counts every `settings` key ending in `_last_activity` as activity
+GPU_ACTIVITY_KEY = "meterhub_gpu_last_activity"
+#: monotonic deadline of the saving window (not an activity key: no `_last_activity` ending)
+SAVING_UNTIL_KEY = "meterhub_saving_until"
+#: idle actions a server can be told ($METERHUB_ON_IDLE)
+IDLE_ACTIONS = ("stop", "debug")
+
+log = logging.getLogger(__name__)
+
+
+def utcnow() -> datetime:
+    """Now, UTC-aware, as jupyter_server stamps activity (tests may replace it)."""
+    return datetime.now(UTC)
+
+
+def monotonic() -> float:
+    """The clock of the saving window (tests may replace it)."""
+    return time.monotonic()
+
+
+def _env_int(environ: Mapping[str, str], name: str, default: int = 0) -> int:
+    try:
+        return int(environ.get(name) or default)
+    except ValueError:
+        return default
 
 
 def _billing_api() -> str:
@@ -57,6 +109,348 @@ def read_ids(body: bytes) -> list[int]:
         if type(value) is not int or value < 1:
             raise web.HTTPError(400, f"{json.dumps(value)[:40]} is not an id: {expected}")
     return ids
+
+
+# ---------------------------------------------------------------------- activity
+
+
+def counts_as_activity(
+    method: str, path: str, base_url: str, saving_until: float, now: float
+) -> bool:
+    """Whether an API request is the user's activity (pure): one that changes something.
+
+    Reads (GET, HEAD, OPTIONS) are not: an open JupyterLab tab polls kernels, sessions,
+    terminals and the file browser by itself. A save (PUT or PATCH under `/api/contents`)
+    before `saving_until` is not either: JupyterLab announced it saves because meterhub is
+    about to stop the server, and that save must not cancel the stop.
+    """
+    if method.upper() in READ_ONLY_METHODS:
+        return False
+    if now < saving_until and method.upper() in SAVE_METHODS:
+        contents = url_path_join(base_url, "api/contents")
+        if path == contents or path.startswith(contents + "/"):
+            return False
+    return True
+
+
+_jupyter_update_api_activity = APIHandler.update_api_activity
+
+
+def _update_api_activity(self: APIHandler) -> None:
+    """jupyter_server's `APIHandler.update_api_activity`, for requests that change something."""
+    if counts_as_activity(
+        self.request.method or "",
+        self.request.path,
+        self.settings.get("base_url", "/"),
+        self.settings.get(SAVING_UNTIL_KEY, 0.0),
+        monotonic(),
+    ):
+        _jupyter_update_api_activity(self)
+
+
+def patch_api_activity() -> None:
+    """Count only API requests that change something as activity (see counts_as_activity).
+
+    Why a patch: jupyter_server stamps `api_last_activity` on every authenticated API
+    request, JupyterLab's constant GET polls included, so a forgotten tab would keep an idle
+    GPU running (and charging) for ever. jupyter_server has no setting for it, only a
+    per-handler-class `_track_activity` and a `no_track_activity` query argument JupyterLab
+    does not send. This replaces that one method, which still does the stamping.
+    """
+    APIHandler.update_api_activity = _update_api_activity
+
+
+class ActivityHandler(APIHandler):
+    """`POST /api/meterhub/activity`: the user is still here (a POST: it counts)."""
+
+    @web.authenticated
+    def post(self):
+        self.set_status(204)
+        self.finish()
+
+
+class SavingHandler(APIHandler):
+    """`POST /api/meterhub/saving`: JupyterLab is about to save its dirty documents because
+    a stop is near; neither this request nor the saves that follow count as activity."""
+
+    _track_activity = False
+
+    @web.authenticated
+    def post(self):
+        self.settings[SAVING_UNTIL_KEY] = monotonic() + SAVING_WINDOW_SECONDS
+        self.set_status(204)
+        self.finish()
+
+
+# ---------------------------------------------------------------------- idle and stop
+
+
+def idle_status(environ: Mapping[str, str], last_activity: datetime, now: datetime) -> dict | None:
+    """The `idle` key of the status: None when the server is never idle-stopped
+    ($METERHUB_IDLE_SECONDS 0 or absent), else how long it has been idle of its limit."""
+    limit = _env_int(environ, "METERHUB_IDLE_SECONDS")
+    if limit <= 0:
+        return None
+    action = environ.get("METERHUB_ON_IDLE", "stop")
+    return {
+        "idle_seconds": max(0, int((now - last_activity).total_seconds())),
+        "limit_seconds": limit,
+        "warn_seconds": max(0, _env_int(environ, "METERHUB_IDLE_WARN_SECONDS")),
+        "action": action if action in IDLE_ACTIONS else "stop",
+    }
+
+
+def _whole(value) -> int | None:
+    # bool is an int in Python; true is not a number of seconds
+    return value if type(value) is int else None
+
+
+def soonest_stop(idle: dict | None, wallet: Mapping, server_name: str) -> dict | None:
+    """The `stop` key of the status (pure): the soonest stop foreseeable, or None.
+
+    Candidates: the user's credit running out (`minutes_left` of the billing wallet), this
+    server's session cap (the wallet's `servers` entry named `server_name`, "" for the
+    default server: `cap.left_seconds`), and the idle deadline. On a tie credit wins, then
+    the cap: activity would not put those off.
+    """
+    candidates: list[tuple[str, int]] = []
+    minutes = _whole(wallet.get("minutes_left"))
+    if minutes is not None:
+        candidates.append(("credit", max(0, minutes * 60)))
+    servers = wallet.get("servers")
+    for entry in servers if isinstance(servers, list) else []:
+        if isinstance(entry, dict) and entry.get("server") == server_name:
+            cap = entry.get("cap")
+            left = _whole(cap.get("left_seconds")) if isinstance(cap, dict) else None
+            if left is not None:
+                candidates.append(("cap", max(0, left)))
+    if idle is not None and idle["limit_seconds"] > 0:
+        candidates.append(("idle", max(0, idle["limit_seconds"] - idle["idle_seconds"])))
+    if not candidates:
+        return None
+    reason, seconds = min(candidates, key=lambda candidate: candidate[1])
+    return {"reason": reason, "in_seconds": seconds}
+
+
+# ---------------------------------------------------------------------- GPU activity
+
+
+def visible_devices(cuda_visible_devices: str | None) -> list[str] | None:
+    """This server's GPUs as $CUDA_VISIBLE_DEVICES names them (UUIDs or indices); None when
+    it is not set: every GPU NVML shows (a Kubernetes container sees only its own)."""
+    if cuda_visible_devices is None:
+        return None
+    return [name.strip() for name in cuda_visible_devices.split(",") if name.strip()]
+
+
+def hub_activity_body(server_name: str, when: datetime) -> dict:
+    """What jupyterhub-singleuser posts to the hub's activity API."""
+    stamp = when.astimezone(UTC).replace(tzinfo=None).isoformat() + "Z"
+    return {"servers": {server_name: {"last_activity": stamp}}, "last_activity": stamp}
+
+
+async def notify_hub(
+    when: datetime, environ: Mapping[str, str] = os.environ, logger: logging.Logger = log
+) -> None:
+    """Tell the hub's activity API ($JUPYTERHUB_ACTIVITY_URL) now, with the server's own
+    token, instead of at jupyterhub-singleuser's next report; a failure is only logged."""
+    url = environ.get("JUPYTERHUB_ACTIVITY_URL", "")
+    if not url:
+        return
+    ssl = {
+        option: environ[name]
+        for option, name in (
+            ("client_key", "JUPYTERHUB_SSL_KEYFILE"),
+            ("client_cert", "JUPYTERHUB_SSL_CERTFILE"),
+            ("ca_certs", "JUPYTERHUB_SSL_CLIENT_CA"),
+        )
+        if environ.get(name)
+    }
+    request = HTTPRequest(
+        url,
+        method="POST",
+        body=json.dumps(hub_activity_body(environ.get("JUPYTERHUB_SERVER_NAME", ""), when)),
+        headers={
+            "Authorization": f"token {environ.get('JUPYTERHUB_API_TOKEN', '')}",
+            "Content-Type": "application/json",
+        },
+        request_timeout=HUB_TIMEOUT_SECONDS,
+        **ssl,
+    )
+    try:
+        await AsyncHTTPClient().fetch(request)
+    except (HTTPClientError, OSError) as e:
+        logger.warning("meterhub: could not report GPU activity to the hub: %s", e)
+
+
+class GpuMonitor:
+    """Samples this server's GPUs with NVML (the `pynvml` module) every `interval_seconds`,
+    in a thread; while one is above `busy_percent` utilization it stamps the server's
+    activity (`settings[GPU_ACTIVITY_KEY]`), which jupyterhub-singleuser reports to the hub
+    with the rest. A GPU turning busy is reported to the hub at once (`notify`).
+
+    Without NVML (no library, no GPU, an error) it logs once and the server runs on.
+    """
+
+    def __init__(
+        self,
+        settings: dict,
+        devices: list[str] | None,
+        busy_percent: int,
+        interval_seconds: float,
+        notify: Callable | None = None,
+        logger: logging.Logger = log,
+    ):
+        self.settings = settings
+        self.devices = devices
+        self.busy_percent = busy_percent
+        self.interval_seconds = interval_seconds
+        self.log = logger
+        self.notify = notify or (lambda when: notify_hub(when, logger=logger))
+        #: whether the last sample found a GPU busy
+        self.busy = False
+        self._nvml = None
+        self._handles: list | None = None
+        self._warned = False
+        self._task: asyncio.Task | None = None
+
+    def _open(self) -> None:
+        import pynvml
+
+        pynvml.nvmlInit()
+        if self.devices is None:
+            count = pynvml.nvmlDeviceGetCount()
+            handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(count)]
+        else:
+            handles = [
+                pynvml.nvmlDeviceGetHandleByIndex(int(name))
+                if name.isdigit()
+                else pynvml.nvmlDeviceGetHandleByUUID(name)
+                for name in self.devices
+            ]
+        self._nvml, self._handles = pynvml, handles
+
+    def utilization(self) -> list[int]:
+        """Each of the server's GPUs' utilization in percent (blocking: NVML)."""
+        if self._handles is None:
+            self._open()
+        try:
+            return [self._nvml.nvmlDeviceGetUtilizationRates(h).gpu for h in self._handles]
+        except Exception:
+            self._handles = None  # open again next time: a GPU may have been reset
+            raise
+
+    async def sample(self) -> bool | None:
+        """One sample: True (a GPU is busy), False, or None (NVML failed; logged once)."""
+        try:
+            percents = await asyncio.to_thread(self.utilization)
+        except Exception as e:  # ImportError, NVMLError, ...: the server must run on
+            if not self._warned:
+                self._warned = True
+                self.log.warning(
+                    "meterhub: cannot read GPU utilization (%s: %s); a busy GPU will not"
+                    " count as activity",
+                    type(e).__name__,
+                    e,
+                )
+            return None
+        busy = any(percent > self.busy_percent for percent in percents)
+        if busy:
+            now = utcnow()
+            self.settings[GPU_ACTIVITY_KEY] = now
+            if not self.busy:
+                await self.notify(now)
+        self.busy = busy
+        return busy
+
+    async def run(self) -> None:
+        while True:
+            await self.sample()
+            await asyncio.sleep(self.interval_seconds)
+
+    def start(self) -> None:
+        """Start sampling on the running event loop."""
+        self._task = asyncio.ensure_future(self.run())
+
+
+def gpu_monitor(
+    settings: dict, environ: Mapping[str, str] = os.environ, logger: logging.Logger = log
+) -> GpuMonitor | None:
+    """The monitor of a server with GPUs ($METERHUB_GPUS > 0), from its environment."""
+    if _env_int(environ, "METERHUB_GPUS") <= 0:
+        return None
+    interval = _env_int(environ, "JUPYTERHUB_ACTIVITY_INTERVAL", DEFAULT_ACTIVITY_INTERVAL_SECONDS)
+    return GpuMonitor(
+        settings,
+        visible_devices(environ.get("CUDA_VISIBLE_DEVICES")),
+        busy_percent=_env_int(environ, "METERHUB_GPU_BUSY_PERCENT", 5),
+        interval_seconds=max(1, interval),
+        logger=logger,
+    )
+
+
+# ---------------------------------------------------------------------- stopping
+
+
+def install_graceful_stop(serverapp, grace_seconds: int) -> None:
+    """On SIGTERM, SIGTERM every kernel at once and give them up to `grace_seconds` to exit
+    before jupyter_server's own shutdown, which would interrupt them (SIGINT), ask them to
+    shut down and kill them 5 s later: a training loop that checkpoints on SIGTERM gets the
+    whole grace period. The spawner (or the kubelet) kills what is left after it. A second
+    SIGTERM stops at once. Called after jupyter_server set its own handler."""
+    stop = signal.getsignal(signal.SIGTERM)
+    if grace_seconds <= 0 or not callable(stop):
+        return
+    loop = serverapp.io_loop.asyncio_loop
+    stopping = False
+
+    def on_sigterm(signum, frame):
+        nonlocal stopping
+        if stopping:
+            stop(signum, frame)
+            return
+        stopping = True
+        loop.call_soon_threadsafe(lambda: asyncio.ensure_future(terminate_then(signum)))
+
+    async def terminate_then(signum):
+        try:
+            await terminate_kernels(serverapp.kernel_manager, grace_seconds, serverapp.log)
+        finally:
+            stop(signum, None)
+
+    signal.signal(signal.SIGTERM, on_sigterm)
+
+
+async def terminate_kernels(kernel_manager, grace_seconds: float, logger) -> None:
+    """SIGTERM every kernel (their restarters stopped first, or a kernel that exits would be
+    started again) and wait until none is alive, at most `grace_seconds`."""
+    kernels = []
+    for kernel_id in list(kernel_manager.list_kernel_ids()):
+        try:
+            kernel = kernel_manager.get_kernel(kernel_id)
+            kernel.stop_restarter()
+            await ensure_async(kernel.signal_kernel(signal.SIGTERM))
+            kernels.append(kernel)
+        except Exception as e:  # gone meanwhile
+            logger.debug("meterhub: could not SIGTERM kernel %s: %s", kernel_id, e)
+    if not kernels:
+        return
+    logger.info(
+        "meterhub: stopping: sent SIGTERM to %d kernels; up to %s s for them to exit",
+        len(kernels),
+        grace_seconds,
+    )
+    deadline = time.monotonic() + grace_seconds
+    while time.monotonic() < deadline:
+        alive = [kernel for kernel in kernels if await ensure_async(kernel.is_alive())]
+        if not alive:
+            return
+        kernels = alive
+        await asyncio.sleep(0.2)
+    logger.warning("meterhub: %d kernels did not exit within %s s", len(kernels), grace_seconds)
+
+
+# ---------------------------------------------------------------------- billing
 
 
 class BillingAPIHandler(APIHandler):
@@ -102,6 +496,8 @@ class StatusHandler(BillingAPIHandler):
         wallet = await self.billing("/wallet")
         user = quote(wallet["user"], safe="")
         notes = await self.billing(f"/users/{user}/notifications?unread=1")
+        # the same activity jupyterhub-singleuser reports to the hub, busy GPUs included
+        idle = idle_status(os.environ, self.application.last_activity(), utcnow())
         self.finish(
             {
                 "user": wallet["user"],
@@ -115,6 +511,8 @@ class StatusHandler(BillingAPIHandler):
                 "profile": os.environ.get("METERHUB_PROFILE", ""),
                 "gpus": int(os.environ.get("METERHUB_GPUS") or 0),
                 "notifications": notes["notifications"],
+                "idle": idle,
+                "stop": soonest_stop(idle, wallet, os.environ.get("JUPYTERHUB_SERVER_NAME", "")),
             }
         )
 
@@ -146,6 +544,20 @@ def _load_jupyter_server_extension(serverapp):
         [
             (url_path_join(base, "api/meterhub/status"), StatusHandler),
             (url_path_join(base, "api/meterhub/notifications/read"), ReadHandler),
+            (url_path_join(base, "api/meterhub/activity"), ActivityHandler),
+            (url_path_join(base, "api/meterhub/saving"), SavingHandler),
         ],
     )
-    serverapp.log.info("meterhub: /api/meterhub/status and /notifications/read enabled")
+    patch_api_activity()
+    grace = _env_int(os.environ, "METERHUB_STOP_GRACE_SECONDS")
+    install_graceful_stop(serverapp, grace)
+    monitor = gpu_monitor(serverapp.web_app.settings, logger=serverapp.log)
+    if monitor is not None:
+        serverapp.web_app.settings["meterhub_gpu_monitor"] = monitor
+        serverapp.io_loop.add_callback(monitor.start)
+    serverapp.log.info(
+        "meterhub: /api/meterhub/{status,notifications/read,activity,saving} enabled;"
+        " reads are not activity; %s; kernels get %s s on SIGTERM",
+        f"GPUs sampled every {monitor.interval_seconds} s" if monitor else "no GPUs to sample",
+        grace,
+    )

@@ -6,15 +6,19 @@ this server holds, with memory and utilisation from NVML when present.
     GpuInfo()
 
 CreditMeter reads this server's `/api/meterhub/status`, the same answer as the JupyterLab
-status bar, and refreshes itself every `interval` seconds while the kernel is idle.
+status bar, and refreshes itself every `interval` seconds while the kernel is idle, for
+`refresh_minutes` after it was shown or refreshed by hand (its ↻ button, or `refresh()`).
 """
 
 from __future__ import annotations
 
+import asyncio
 import html
 import json
 import os
+import time
 import urllib.request
+from collections.abc import Callable
 
 import ipywidgets as widgets
 
@@ -78,40 +82,97 @@ def credit_html(status: dict) -> str:
     return "".join(parts)
 
 
-class CreditMeter(widgets.HTML):
-    """Live balance, rate and time left of this server's user."""
+#: what a meter that stopped refreshing itself adds to its last text
+PAUSED_NOTE = " <small>· not updating; ↻ to refresh</small>"
 
-    def __init__(self, interval: float = 30, fetch=credit_status, **kwargs):
-        super().__init__(**kwargs)
+
+class CreditMeter(widgets.HBox):
+    """Live balance, rate and time left of this server's user, with a ↻ (refresh) button.
+
+    It refreshes itself every `interval` seconds (0: never) for `refresh_minutes` after it was
+    shown or last refreshed by hand, then stops and says so. Each change it shows reaches the
+    browser through the kernel, which counts as the server's activity: a meter left open
+    must not keep an idle server, and its GPUs, running (and charging) for ever. For the
+    same reason it sends the browser nothing when the text is unchanged.
+    """
+
+    def __init__(
+        self,
+        interval: float = 30,
+        fetch: Callable[[], dict] = credit_status,
+        refresh_minutes: float = 10,
+        clock: Callable[[], float] = time.monotonic,
+        **kwargs,
+    ):
+        self.text = widgets.HTML()
+        self.button = widgets.Button(
+            icon="refresh", tooltip="Refresh now", layout=widgets.Layout(width="auto")
+        )
+        super().__init__(children=[self.text, self.button], **kwargs)
         self._fetch = fetch
-        self.refresh()
         self._interval = interval
-        self._timer = None
-        if interval:
-            self._schedule()
+        self._refresh_seconds = refresh_minutes * 60
+        self._clock = clock
+        self._timer: asyncio.TimerHandle | None = None
+        self._until = 0.0
+        self.button.on_click(lambda _button: self.refresh())
+        self.refresh()
+
+    @property
+    def value(self) -> str:
+        """The HTML shown."""
+        return self.text.value
 
     def refresh(self) -> None:
+        """Update now, and refresh automatically for another `refresh_minutes`."""
+        self._show(self._status_html())
+        self._resume()
+
+    def _status_html(self) -> str:
         try:
-            self.value = credit_html(self._fetch())
+            return credit_html(self._fetch())
         except Exception as e:  # shown, not raised: a widget must not break the notebook
-            self.value = f"<span>Credit status unavailable: {html.escape(str(e))}</span>"
+            return f"<span>Credit status unavailable: {html.escape(str(e))}</span>"
+
+    def _show(self, value: str) -> None:
+        if value != self.text.value:  # an unchanged text is not sent to the browser
+            self.text.value = value
+
+    def _resume(self) -> None:
+        self._until = self._clock() + self._refresh_seconds
+        if self._interval:
+            self._schedule()
 
     def _schedule(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
         try:
-            import asyncio
-
             loop = asyncio.get_running_loop()
         except RuntimeError:
             return  # no kernel loop (plain Python): refresh() by hand
         self._timer = loop.call_later(self._interval, self._tick)
 
     def _tick(self) -> None:
-        self.refresh()
+        self._timer = None
+        if self._clock() >= self._until:
+            if not self.text.value.endswith(PAUSED_NOTE):
+                self._show(self.text.value + PAUSED_NOTE)
+            return
+        self._show(self._status_html())
         self._schedule()
+
+    def _repr_mimebundle_(self, **kwargs):
+        # shown (again): refresh for another `refresh_minutes`
+        self._resume()
+        return super()._repr_mimebundle_(**kwargs)
 
     def close(self):
         if self._timer is not None:
             self._timer.cancel()
+            self._timer = None
+        self.text.close()
+        self.button.close()
         super().close()
 
 

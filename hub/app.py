@@ -7,6 +7,7 @@ allocation check after the hub has looked at the servers that survived a restart
 from __future__ import annotations
 
 import asyncio
+import datetime
 import os
 import secrets
 import shutil
@@ -22,13 +23,25 @@ from traitlets.config import Config
 from meterhub.billing_hooks.hooks import register_trial_credit
 from meterhub.billing_hooks.scopes import BILLING_SERVICE, billing_admin_role, user_role
 from meterhub.billing_hooks.settings import BillingSettings
+from meterhub.spawner import disk_archive
 from meterhub.spawner.local import LocalGPUSpawner, announce_resource_limits, stop_orphans
 from meterhub.spawner.sandbox import bwrap_works
 
 from .accounts import AccountError, add_user
 from .config import ConfigError, apply_config, apply_config_d, demo_pool_dir, template_vars
 from .demo_pool import ensure_demo_pool
+from .disk_cli import Refused, archive_user_disk
 from .group_sync import group_admin_roles, sync_groups
+from .restarts import run_restarts
+from .stop_cli import (
+    clear_server_stop,
+    find_hub,
+    pid_file_path,
+    remove_if_names,
+    server_stop_requested,
+    stop_servers_path,
+    write_pid_file,
+)
 
 ADMIN_SERVICE = "meterhub-admin"
 
@@ -43,6 +56,27 @@ class MeterHub(JupyterHub):
         help="""
         How often the hub applies the group changes queued by the CLI (membership) and
         makes the group admins' roles match the ledger. Seconds.
+        """,
+    ).tag(config=True)
+
+    disk_archive_after_days = Int(
+        30,
+        min=0,
+        help="""
+        Archive the disk of a user who has no server running or starting and whose last use
+        is older than this many days (`disks.archive_after_days`, docs/idle.md). Last
+        use: the newest `last_activity` or start time of the user's servers in the hub's
+        database, else the disk folder's modification time. The archive is restored at the
+        user's next start; nothing is deleted. 0: never. Local backend only.
+        """,
+    ).tag(config=True)
+
+    disk_archive_interval_seconds = Int(
+        3600,
+        min=1,
+        help="""
+        How often the hub looks for idle disks to archive; the first look comes a minute
+        after the hub starts (or after this interval, when shorter). Seconds.
         """,
     ).tag(config=True)
 
@@ -75,7 +109,30 @@ class MeterHub(JupyterHub):
             self.sync_groups, self.group_sync_interval_seconds * 1000, jitter=0.1
         )
         self._group_sync.start()
+        self.start_disk_archiving()
         await self.sync_groups()
+
+    def write_pid_file(self):
+        """The pid file `meterhub stop` finds the hub by: private, written atomically."""
+        if self.pid_file:
+            write_pid_file(self.pid_file, os.getpid())
+
+    async def cleanup(self):
+        """Shut down; after `meterhub stop --servers`, stop users' servers too, this once.
+
+        JupyterHub's own `cleanup_servers` path awaits each server's stop, post-stop hook
+        (billing's `settle_stop`, which closes the session at the stop) included, before
+        the hub exits.
+        """
+        data_dir = os.path.dirname(self.pid_file) if self.pid_file else ""
+        if data_dir and server_stop_requested(data_dir, os.getpid()):
+            self.log.info("meterhub stop --servers: stopping users' servers before exiting")
+            self.cleanup_servers = True
+        try:
+            await super().cleanup()
+        finally:
+            if data_dir:
+                remove_if_names(stop_servers_path(data_dir), os.getpid())
 
     async def sync_groups(self) -> None:
         """Apply the CLI's group changes and the admins' roles in the hub's own session."""
@@ -87,6 +144,87 @@ class MeterHub(JupyterHub):
             return
         if applied:
             self.log.info("Applied %d group change(s)", applied)
+        try:
+            # servers the meter stopped to start again in debug mode (the billing service
+            # may not start servers; the hub does, with a token of the user's)
+            await run_restarts(self, ledger)
+        except Exception:
+            self.log.exception("Could not restart servers in debug mode; trying again")
+
+    def start_disk_archiving(self) -> None:
+        """Look for idle disks every `disk_archive_interval_seconds` (local backend, unless
+        `disk_archive_after_days` is 0)."""
+        if not (issubclass(self.spawner_class, LocalGPUSpawner) and self.disk_archive_after_days):
+            return
+        seconds = self.disk_archive_interval_seconds
+        self._disk_archiving = PeriodicCallback(self.archive_idle_disks, seconds * 1000, jitter=0.1)
+        self._disk_archiving.start()
+
+        def first() -> None:
+            self._first_disk_archiving = asyncio.ensure_future(self.archive_idle_disks())
+
+        asyncio.get_running_loop().call_later(min(60, seconds), first)
+
+    _archiving_disks = False
+
+    def _has_server(self, orm_user: orm.User) -> bool:
+        """A server of the user's is running, starting or stopping (the database's view and
+        this hub's spawners)."""
+        if any(s.server is not None for s in orm_user.orm_spawners.values()):
+            return True
+        user = dict.get(self.users, orm_user.id)  # the cache only: creates no User
+        return user is not None and any(s.active for s in dict.values(user.spawners))
+
+    async def archive_idle_disks(self) -> int:
+        """Archive, one at a time and off the event loop, the disk of every user with no
+        server whose last use is older than `disk_archive_after_days`; how many were. Each
+        user is checked again just before: the archive then holds the disk's lock and looks
+        at the runtime records, and a start waits for that lock (spawner/local.py)."""
+        if self._archiving_disks:
+            return 0
+        self._archiving_disks = True
+        archived = 0
+        try:
+            local = LocalGPUSpawner(config=self.config)  # config only, no user
+            idle = datetime.timedelta(days=self.disk_archive_after_days)
+            idle_before = disk_archive.utcnow() - idle
+            for user_id in [u.id for u in self.db.query(orm.User)]:
+                orm_user = self.db.query(orm.User).filter_by(id=user_id).first()
+                if orm_user is None or self._has_server(orm_user):
+                    continue
+                name = orm_user.name
+                times = [
+                    t for s in orm_user.orm_spawners.values() for t in (s.last_activity, s.started)
+                ]
+                try:
+                    marker = await asyncio.to_thread(
+                        archive_user_disk,
+                        local.data_dir,
+                        local.disk_root,
+                        name,
+                        disk_archive.utcnow(),
+                        idle_before,
+                        times,
+                    )
+                except (Refused, disk_archive.ArchiveBusy) as e:
+                    self.log.debug("Not archiving the disk of %s: %s", name, e)
+                    continue
+                except (disk_archive.ArchiveError, OSError) as e:
+                    self.log.error("Could not archive the disk of %s: %s", name, e)
+                    continue
+                if marker is not None:
+                    archived += 1
+                    self.log.info(
+                        "Archived the idle disk of %s (%s) as %s",
+                        name,
+                        disk_archive.gib(marker.disk_bytes),
+                        marker.archive,
+                    )
+        except Exception:
+            self.log.exception("Could not look for idle disks; trying again later")
+        finally:
+            self._archiving_disks = False
+        return archived
 
     async def init_spawners(self):
         result = await super().init_spawners()
@@ -302,6 +440,12 @@ def check_ledger(c: Config) -> None:
 
 def serve(site: dict, ip: str, port: int, config_path: str | None = None) -> None:
     """Run the hub in the foreground for a completed site config (see `load_site_config`)."""
+    running, _ = find_hub(site["data_dir"])
+    if running is not None:
+        raise ConfigError(
+            f"meterhub serve already runs for {site['data_dir']} (pid {running.pid});"
+            f" stop it first with `meterhub stop{' --config ' + config_path if config_path else ''}`"
+        )
     prepare(site)
     c = apply_config(site, Config())
     check_ledger(c)
@@ -324,5 +468,12 @@ def serve(site: dict, ip: str, port: int, config_path: str | None = None) -> Non
         )
     if facts["warning"]:
         print(f"meterhub: WARNING: {facts['warning']}", file=sys.stderr)
+    # after the operator's config: `meterhub stop` finds the hub by this file
+    pid_file = c.JupyterHub.pid_file = pid_file_path(site["data_dir"])
+    # a request left by a `meterhub stop --servers` for an earlier hub is not for this one
+    clear_server_stop(site["data_dir"])
     MeterHub.instance(config=c)
-    MeterHub.launch_instance([])
+    try:
+        MeterHub.launch_instance([])
+    finally:
+        remove_if_names(pid_file, os.getpid())  # JupyterHub removes it only at a clean exit

@@ -131,11 +131,15 @@ def build_parser() -> argparse.ArgumentParser:
     unit.set_defaults(func=_systemd_unit)
     from .billing_cli import add_commands
     from .course_cli import add_commands as add_course_commands
+    from .disk_cli import add_commands as add_disk_commands
     from .group_cli import add_commands as add_group_commands
+    from .stop_cli import add_command as add_stop_command
 
+    add_stop_command(commands)
     add_commands(commands)
     add_group_commands(commands)
     add_course_commands(commands)
+    add_disk_commands(commands)
     return parser
 
 

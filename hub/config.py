@@ -490,6 +490,12 @@ def apply_spawner_config(site: dict, c: Config) -> Config:
     c.LocalGPUSpawner.sandbox = site["local"]["sandbox"]
     c.LocalGPUSpawner.uid_base = site["local"]["uid_base"]
     c.LocalGPUSpawner.disk_mount_path = site["local"]["disk_mount_path"]
+    # idle disks archived by the hub, the quota warned about at spawn (local backend only)
+    disks = site.get("disks", {})
+    if "archive_after_days" in disks:
+        c.MeterHub.disk_archive_after_days = disks["archive_after_days"]
+    if "quota_gib" in disks:
+        c.LocalGPUSpawner.disk_quota_gib = float(disks["quota_gib"])
 
     billing = site["billing"]
     c.BillingSettings.db_url = billing["db_url"]

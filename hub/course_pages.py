@@ -283,7 +283,7 @@ class CourseStopAllPage(CoursePage):
 def archive_dir(config, user: str) -> str:
     """Where a user's disk archives are kept: `<data_dir>/archives/<disk folder>` (0700,
     the hub's alone: staff restore archives, never open them)."""
-    return os.path.join(config.LocalGPUSpawner.data_dir, "archives", disk_dirname(user))
+    return disk_archive.archive_dir(config.LocalGPUSpawner.data_dir, disk_dirname(user))
 
 
 class CourseResetPage(CoursePage):
@@ -327,15 +327,20 @@ class CourseResetPage(CoursePage):
         materials = os.path.join(spawner.pool_dir or "", "courses", self.course)
 
         def reset() -> tuple[str, int]:
+            with disk_archive.DiskLock(spawner.data_dir, disk_dirname(name)):
+                return reset_locked()
+
+        def reset_locked() -> tuple[str, int]:
             disk = spawner.disk_path
             if not os.path.isdir(disk):
                 os.makedirs(disk, mode=0o700)
                 if spawner.run_as:
                     os.chown(disk, *spawner.run_as)
-            saved = disk_archive.archive_disk(
-                disk, archive_dir(self.settings["config"], name), f"reset-{self.course}", _now()
-            )
+            folder = archive_dir(self.settings["config"], name)
+            saved = disk_archive.archive_disk(disk, folder, f"reset-{self.course}", _now())
             disk_archive.empty_disk(disk)
+            # an idle-archived disk: its files stay in that archive, restorable from here
+            disk_archive.forget_archived(folder)
             copied = 0
             if spawner.pool_dir and os.path.isdir(materials):
                 copied = disk_archive.copy_materials(
@@ -376,9 +381,11 @@ class CourseRestorePage(CourseResetPage):
 
         def restore() -> str:
             disk = spawner.disk_path
-            os.makedirs(disk, mode=0o700, exist_ok=True)
-            saved = disk_archive.archive_disk(disk, folder, "before-restore", _now())
-            disk_archive.restore_disk(disk, os.path.join(folder, wanted), spawner.run_as)
+            with disk_archive.DiskLock(spawner.data_dir, disk_dirname(name)):
+                os.makedirs(disk, mode=0o700, exist_ok=True)
+                saved = disk_archive.archive_disk(disk, folder, "before-restore", _now())
+                disk_archive.restore_disk(disk, os.path.join(folder, wanted), spawner.run_as)
+                disk_archive.forget_archived(folder)  # what staff chose, not the idle archive
             return saved
 
         try:

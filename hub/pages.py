@@ -22,7 +22,9 @@ from meterhub.billing_hooks.api import usage_json, wallet_json
 from meterhub.billing_hooks.money import CURRENCY_SYMBOLS, accrued, format_money, to_micros
 from meterhub.billing_hooks.scopes import GROUP_ADMIN_SCOPE, is_billing_admin, may_spend
 from meterhub.billing_hooks.settings import BillingSettings, pass_capacity, priced_catalog
+from meterhub.spawner import disk_archive
 from meterhub.spawner.catalog import Catalog
+from meterhub.spawner.local import GIB, LocalGPUSpawner
 
 DAY = 86_400
 PLOT_DAYS = 30
@@ -195,6 +197,10 @@ class WalletPage(MeterhubPage):
                     since = max(0, now - session.metered_through)
                     rate = session.rate_micros_per_hour
                 running["live_cost"] = self.money(running["cost_micros"] + accrued(rate, since))
+            # the limit each server's user set at spawn ("stop after ¥X / N hours")
+            caps = {s["id"]: s["cap"] for s in wallet["servers"] if s["cap"]}
+            for running in wallet["running"]:
+                running["cap"] = caps.get(running["id"])
             catalog = priced_catalog(self.settings["config"], ledger)
             return {
                 "wallet": wallet,
@@ -210,11 +216,38 @@ class WalletPage(MeterhubPage):
                 "purchase_key": str(uuid.uuid4()),
             }
 
-        return await asyncio.to_thread(read)
+        data = await asyncio.to_thread(read)
+        data["disk"] = await self.disk_data()
+        return data
 
     @web.authenticated
     async def get(self):
         await self.show()
+
+    async def disk_data(self) -> dict | None:
+        """The user's disk (local backend; None elsewhere): its size (measured at most once
+        a minute), over the quota or not, archived or not."""
+        spawner = self.current_user.spawner
+        if not isinstance(spawner, LocalGPUSpawner):
+            return None
+
+        def read() -> tuple[int, disk_archive.Archived | None]:
+            try:
+                marker = disk_archive.archived(spawner.disk_archive_dir)
+            except disk_archive.ArchiveError:
+                marker = None
+            if marker is not None:
+                return marker.disk_bytes, marker
+            return disk_archive.disk_bytes(spawner.disk_path), None
+
+        size, marker = await asyncio.to_thread(read)
+        quota = spawner.disk_quota_gib
+        return {
+            "size": disk_archive.gib(size),
+            "quota": None if quota is None else f"{quota:g}",
+            "over": quota is not None and size > quota * GIB,
+            "archived_on": marker.day if marker else "",
+        }
 
 
 class WalletPassesPage(WalletPage):

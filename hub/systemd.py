@@ -40,8 +40,8 @@ WorkingDirectory={working_directory.replace("%", "%%")}
 Environment=PYTHONUNBUFFERED=1
 Restart=on-failure
 RestartSec=5s
-# Stop (or restart) the hub only: the users' servers and the proxy keep running, and the
-# restarted hub takes them over. The billing service exits with the hub and is restarted by it.
+# Stop (or restart) the hub only: the users' servers keep running (after a crash, the
+# proxy too), and the restarted hub takes them over. The billing service exits with the hub and is restarted by it.
 KillMode=process
 TimeoutStopSec=60s
 

@@ -419,6 +419,9 @@ class KubeGPUSpawner(CatalogOptions, KubeSpawner):
             "METERHUB_PROFILE": choice.profile.slug,
             "METERHUB_GPUS": str(choice.gpus),
             "METERHUB_PUBLIC_DIR": self.public_mount_path,
+            # the pod's grace period: how long its kernels get to exit on SIGTERM
+            "METERHUB_STOP_GRACE_SECONDS": str(self.delete_grace_period),
+            **self.catalog.idle_env(choice.profile.slug),
         }
         override = {
             "cpu_limit": float(choice.cpu),

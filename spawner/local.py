@@ -33,9 +33,9 @@ from escapism import escape
 from jupyterhub.spawner import LocalProcessSpawner
 from jupyterhub.utils import maybe_future, random_port
 from tornado import web
-from traitlets import Any, Bool, Dict, Enum, Int, List, Unicode, default
+from traitlets import Any, Bool, Dict, Enum, Float, Int, List, Unicode, default
 
-from . import cgroups
+from . import cgroups, disk_archive
 from .allocator import GpuAllocator, NotEnoughGpus
 from .catalog import Choice, GpuType, InvalidChoice
 from .form import render_options_form
@@ -56,6 +56,10 @@ TERM_TIMEOUT_SECONDS = 10
 KILL_TIMEOUT_SECONDS = 5
 #: the runtime records, one a server, below <data_dir>/run (a name no user's folder has)
 RECORDS_DIR = "servers.d"
+#: how often a spawn looks again whether its disk's archiving has finished
+DISK_LOCK_POLL_SECONDS = 0.5
+#: how long a spawn waits for its disk to be measured against the quota (the walk goes on)
+DISK_SIZE_WAIT_SECONDS = 10
 
 
 @functools.cache
@@ -700,6 +704,18 @@ class LocalGPUSpawner(CatalogOptions, LocalProcessSpawner):
         """,
     ).tag(config=True)
 
+    disk_quota_gib = Float(
+        None,
+        allow_none=True,
+        min=0,
+        help="""
+        GiB a user's disk should hold at most (the sum of its files' sizes). A user over it
+        is told so at spawn and on the Wallet page; the server starts anyway and nothing
+        is removed. None (default): no quota. Measuring walks the disk, at most once a
+        minute per disk.
+        """,
+    ).tag(config=True)
+
     pool_dir = Unicode(
         "",
         help="Host directory of the read-only pool of models and datasets; empty for none.",
@@ -815,6 +831,21 @@ class LocalGPUSpawner(CatalogOptions, LocalProcessSpawner):
     @default("server_env_prefix")
     def _default_server_env_prefix(self):
         return sys.prefix
+
+    stop_grace_seconds = Int(
+        30,
+        min=0,
+        help="""
+        Seconds a stopping server has to exit after SIGTERM before it is killed (SIGKILL).
+
+        A stop sends SIGTERM (and SIGCONT, so a suspended server handles it) to the
+        server's process group; its meterhub extension passes SIGTERM on to every kernel
+        at once and waits for them, so a training loop can checkpoint. There is no SIGINT
+        first: it would interrupt running cells before they can save anything. The
+        grace period is charged like any running time; 0 kills at once. Site config
+        `stop_grace_seconds`.
+        """,
+    ).tag(config=True)
 
     gpu_reservations = Any(
         None,
@@ -946,7 +977,9 @@ class LocalGPUSpawner(CatalogOptions, LocalProcessSpawner):
             self._progress(25, f"Allocated GPU {', '.join(str(g.index) for g in gpus)}")
         self.gpu_indices = [gpu.index for gpu in gpus]
         self.cgroup_dirs = []
+        disk_lock = disk_archive.DiskLock(self.data_dir, disk_dirname(self.user.name))
         try:
+            await self._claim_disk(disk_lock)
             self._progress(40, "Preparing disk")
             disk = await asyncio.to_thread(self._prepare_disk, sandboxed)
             folders = await asyncio.to_thread(self._prepare_group_folders, disk, sandboxed)
@@ -1001,6 +1034,7 @@ class LocalGPUSpawner(CatalogOptions, LocalProcessSpawner):
                 cgroups=tuple(self.cgroup_dirs),
             )
             await asyncio.to_thread(write_record, self.data_dir, record)
+            disk_lock.release()  # the record names the disk now: nothing archives it
             self.proc = Popen(
                 cmd,
                 env=env,
@@ -1016,6 +1050,7 @@ class LocalGPUSpawner(CatalogOptions, LocalProcessSpawner):
             await self._wait_for_port_or_exit()
             self.last_seen_alive, self.exited_after = int(time.time()), None
         except BaseException:
+            disk_lock.release()
             if self.proc is not None and self.proc.poll() is None:
                 await self._signal(signal.SIGKILL)
             await self._release(self.pid)
@@ -1120,8 +1155,11 @@ class LocalGPUSpawner(CatalogOptions, LocalProcessSpawner):
             "METERHUB_GPUS": str(choice.gpus),
             "METERHUB_PUBLIC_DIR": self.pool_mount_path if sandboxed else self.pool_dir,
             "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
+            # how long its kernels get to exit on SIGTERM before this spawner kills them
+            "METERHUB_STOP_GRACE_SECONDS": str(self.stop_grace_seconds),
         }
         env.update(visible_devices_env(gpus))
+        env.update(self.catalog.idle_env(choice.profile.slug))
         return env
 
     def user_env(self, env):
@@ -1139,6 +1177,58 @@ class LocalGPUSpawner(CatalogOptions, LocalProcessSpawner):
     @property
     def disk_path(self) -> str:
         return os.path.join(self.disk_root, disk_dirname(self.user.name))
+
+    @property
+    def disk_archive_dir(self) -> str:
+        return disk_archive.archive_dir(self.data_dir, disk_dirname(self.user.name))
+
+    async def _claim_disk(self, lock: disk_archive.DiskLock) -> None:
+        """Hold the disk's lock (waiting out an archiving in progress) until the server's
+        record names the disk; put an archived disk back; say when it is over the quota.
+        A disk that cannot be restored fails the spawn: never a start on an empty disk."""
+        if not await asyncio.to_thread(lock.acquire):
+            self._progress(30, "Waiting for your disk's archiving to finish")
+            while not await asyncio.to_thread(lock.acquire):
+                await asyncio.sleep(DISK_LOCK_POLL_SECONDS)
+        folder = self.disk_archive_dir
+        try:
+            marker = await asyncio.to_thread(disk_archive.archived, folder)
+            if marker is not None:
+                size = disk_archive.gib(marker.disk_bytes)
+                self._progress(30, f"Restoring your disk ({size} archived on {marker.day})…")
+                await asyncio.to_thread(
+                    disk_archive.restore_idle, self.disk_path, folder, self.run_as
+                )
+                self._progress(35, "Restored your disk")
+        except disk_archive.ArchiveError as e:
+            self.log.error("Cannot restore the disk of %s: %s", self._log_name, e)
+            raise web.HTTPError(
+                500,
+                f"Your disk is archived and could not be restored: {e}. Nothing was started;"
+                " your files stay in the archive. Ask the operator (`meterhub disk restore`).",
+            ) from None
+        await self._warn_over_quota()
+
+    async def _warn_over_quota(self) -> None:
+        """A progress message when the disk holds more than `disk_quota_gib`; a disk too big
+        to measure in DISK_SIZE_WAIT_SECONDS is measured on (for the Wallet page) unwaited."""
+        quota = self.disk_quota_gib
+        if quota is None:
+            return
+        measuring = asyncio.ensure_future(
+            asyncio.to_thread(disk_archive.disk_bytes, self.disk_path)
+        )
+        try:
+            size = await asyncio.wait_for(asyncio.shield(measuring), DISK_SIZE_WAIT_SECONDS)
+        except TimeoutError:
+            self.log.info("%s: the disk is still being measured; no quota check", self._log_name)
+            return
+        if size > quota * GIB:
+            self._progress(
+                38,
+                f"Your disk holds {disk_archive.gib(size)}, over the site's {quota:g} GiB quota:"
+                " please delete what you no longer need (the server starts anyway)",
+            )
 
     def _prepare_disk(self, sandboxed: bool) -> str:
         os.makedirs(self.data_dir, exist_ok=True)
@@ -1324,13 +1414,45 @@ class LocalGPUSpawner(CatalogOptions, LocalProcessSpawner):
         return group_has_live_members(self.pid), cgroups.oom_kills(self.cgroup_dirs)
 
     async def stop(self, now=False):
-        await super().stop(now=now)
+        """SIGTERM (with SIGCONT) to the server's process group, up to `stop_grace_seconds`
+        for it to exit, then SIGKILL; `now`: SIGKILL at once. No SIGINT first, unlike
+        LocalProcessSpawner: it would interrupt running cells before they checkpoint."""
+        if self.pid and await self.poll() is None:
+            if not now and self.stop_grace_seconds:
+                self.log.info(
+                    "Stopping %s: SIGTERM, then SIGKILL after %s s",
+                    self._log_name,
+                    self.stop_grace_seconds,
+                )
+                await self._signal(signal.SIGTERM)
+                await self._signal(signal.SIGCONT)  # a stopped process handles it once continued
+                await self._wait_for_exit(self.stop_grace_seconds)
+            if self.pid and await self.poll() is None:
+                if not now and self.stop_grace_seconds:
+                    self.log.warning(
+                        "%s did not exit within %s s of SIGTERM: killing it",
+                        self._log_name,
+                        self.stop_grace_seconds,
+                    )
+                await self._signal(signal.SIGKILL)
+                await self._wait_for_exit(KILL_TIMEOUT_SECONDS)
         if self.pid and await asyncio.to_thread(group_has_live_members, self.pid):
             self.log.error(
                 "%s did not die; keeping GPUs %s allocated", self._log_name, self.gpu_indices
             )
             return
         await self._release(self.pid)
+
+    async def _wait_for_exit(self, timeout: float) -> bool:
+        """Poll (which releases a server it finds gone) until it is gone or `timeout` seconds
+        have passed; True when gone. Every 0.2 s: a stopped server's charge ends when it
+        was last seen running, so a late look would charge for time it was not running."""
+        deadline = time.monotonic() + timeout
+        while await self.poll() is None:
+            if time.monotonic() >= deadline:
+                return False
+            await asyncio.sleep(0.2)
+        return True
 
     async def _release(self, pgid: int) -> None:
         """After the server's process group was told to die: once nothing of it runs, remove

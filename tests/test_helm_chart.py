@@ -313,6 +313,13 @@ def test_the_chart_roles_are_billings_own():
                    roles["meterhub-billing"]["scopes"])  # fmt: skip
 
 
+def test_the_meter_culls_per_profile_so_z2jhs_one_timeout_culler_is_off():
+    """z2jh's culler would stop a debug-mode server after its single 60 minutes; the meter
+    stops idle servers by each profile's timeout (docs/idle.md)."""
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    assert values["jupyterhub"]["cull"] == {"enabled": False}
+
+
 def _prefixed(prefix: str, claim: str) -> dict:
     values = yaml.safe_load((CHART / "values.yaml").read_text())
     hub = values["jupyterhub"]["hub"]

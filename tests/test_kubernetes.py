@@ -120,6 +120,50 @@ def test_debug_mode_has_no_gpu_and_hides_them(site):
     assert container["resources"]["limits"]["cpu"] == 2.0
 
 
+IDLE_ENV = (
+    "METERHUB_IDLE_SECONDS",
+    "METERHUB_ON_IDLE",
+    "METERHUB_IDLE_WARN_SECONDS",
+    "METERHUB_GPU_BUSY_PERCENT",
+    "JUPYTERHUB_ACTIVITY_INTERVAL",
+    "METERHUB_STOP_GRACE_SECONDS",
+)
+
+
+def test_the_pod_is_told_its_idle_policy_and_grace(tmp_path):
+    """What the server's extension needs to warn, sample its GPUs and give its kernels the
+    pod's grace period: the site's idle settings, per profile."""
+    path = tmp_path / "meterhub.yaml"
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "backend": "kubernetes",
+                "profiles": {"a800": {"idle_minutes": 20, "on_idle": "debug"}},
+                "idle": {"check_interval_seconds": 15, "gpu_busy_percent": 12, "warn_minutes": 2},
+                "stop_grace_seconds": 45,
+            }
+        )
+    )
+    site = load_site_config(path)
+    shown = {}
+    for profile, gpus in (("debug", None), ("a800", 2)):
+        pod, _ = render(site, "alice", profile, gpus)
+        env = env_of(spec_of(pod)[1])
+        shown[profile] = {name: env.get(name) for name in IDLE_ENV}
+    common = {
+        "METERHUB_IDLE_WARN_SECONDS": "120",
+        "METERHUB_GPU_BUSY_PERCENT": "12",
+        "JUPYTERHUB_ACTIVITY_INTERVAL": "15",
+        "METERHUB_STOP_GRACE_SECONDS": "45",
+    }
+    assert shown["debug"] == {
+        "METERHUB_IDLE_SECONDS": "14400",  # the debug default: 4 hours
+        "METERHUB_ON_IDLE": "stop",
+        **common,
+    }
+    assert shown["a800"] == {"METERHUB_IDLE_SECONDS": "1200", "METERHUB_ON_IDLE": "debug", **common}
+
+
 def test_one_disk_per_user_shared_by_every_profile_and_a_read_only_public_pool(site):
     claims = set()
     for profile, gpus in (("debug", None), ("a800", 2), ("h800", 8)):

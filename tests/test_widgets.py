@@ -74,3 +74,46 @@ def test_gpu_info_lists_held_gpus_or_says_there_are_none(monkeypatch):
     assert "NVIDIA A800-SXM4-80GB" in info.value and "1024 / 81920 MiB" in info.value
     monkeypatch.setenv("METERHUB_PROFILE", "debug")
     assert "debug mode: no GPU" in GpuInfo(probe=list).value
+
+
+async def test_credit_meter_stops_refreshing_itself_and_sends_only_changes():
+    """Each update the meter shows reaches the browser through the kernel, which counts as
+    the server's activity: it refreshes itself for `refresh_minutes` after it was shown or
+    refreshed by hand, then stops, and sends nothing when the text did not change."""
+    now = [0.0]
+    balance = ["9.87"]
+    fetched: list[float] = []
+
+    def fetch():
+        fetched.append(now[0])
+        return dict(STATUS, balance=balance[0])
+
+    meter = CreditMeter(interval=30, fetch=fetch, refresh_minutes=10, clock=lambda: now[0])
+    sent: list[str] = []
+    meter.text.observe(lambda change: sent.append(change["new"]), "value")
+    assert meter._timer is not None, "it refreshes itself on the kernel's loop"
+
+    now[0] = 300
+    meter._tick()
+    assert len(fetched) == 2 and sent == [], "an unchanged text was sent"
+    balance[0] = "9.80"
+    now[0] = 330
+    meter._tick()
+    assert len(sent) == 1 and "¥9.80" in meter.value
+
+    now[0] = 600  # 10 minutes since it was shown
+    meter._tick()
+    assert len(fetched) == 3 and meter._timer is None, "it kept refreshing itself"
+    assert "¥9.80" in meter.value and "not updating" in meter.value and len(sent) == 2
+
+    # by hand: the button starts another 10 minutes
+    balance[0] = "9.75"
+    now[0] = 5000
+    meter.button.click()
+    assert "¥9.75" in meter.value and "not updating" not in meter.value
+    assert meter._timer is not None
+    now[0] = 5000 + 599
+    meter._tick()
+    assert meter._timer is not None
+    meter.close()
+    assert meter._timer is None
