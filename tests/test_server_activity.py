@@ -433,6 +433,9 @@ def test_the_status_says_how_idle_the_server_is_and_when_it_stops(jupyter):
 # ---------------------------------------------------------------- a real hub
 
 
+GPU_IDLE_SECONDS = 18  # 0.3 minutes
+
+
 def _sandbox_mode() -> str | None:
     if bwrap_works() == "":
         return "bwrap"
@@ -469,7 +472,10 @@ def gpu_hub(tmp_path_factory):
         {
             "gpus": [{"type": "a800", "count": 1}],
             "public_dir": str(pool),
-            "idle": {"check_interval_seconds": 1, "gpu_busy_percent": 10},
+            "idle": {"check_interval_seconds": 1, "gpu_busy_percent": 10, "warn_minutes": 0.1},
+            # an A800 idle for 18 s stops (test_the_meter_keeps_…); debug keeps 4 hours
+            "profiles": {"a800": {"idle_minutes": GPU_IDLE_SECONDS / 60}},
+            "billing": {"meter_interval_seconds": 1, "trial_credit": "100.00"},
             "local": {"sandbox": mode},
         },
     )
@@ -557,9 +563,35 @@ def test_a_busy_gpu_keeps_its_server_active_and_an_idle_one_does_not(gpu_hub):
     quiet = settled(gpu_hub, "gil")
     assert settled(gpu_hub, "gil", quiet_seconds=2) == quiet
     status = user_api(gpu_hub, "GET", "gil", "api/meterhub/status").json()
-    assert status["idle"]["limit_seconds"] == 1800 and status["idle"]["idle_seconds"] >= 3
+    assert status["idle"]["limit_seconds"] == GPU_IDLE_SECONDS
+    assert status["idle"]["idle_seconds"] >= 3
     set_utilization(gpu_hub, 90)
     until(lambda: hub_activity(gpu_hub, "gil") > quiet, "a busy GPU to count again", timeout=20)
     log = gpu_hub.log_path.read_text()
     assert "cannot read GPU utilization" not in log
     gpu_hub.stop_server("gil")
+
+
+def test_the_meter_keeps_a_busy_gpu_server_past_its_idle_timeout_and_stops_it_idle(gpu_hub):
+    """Nobody touches the server: a training run on its GPU keeps it (for twice its idle
+    timeout here); once the GPU falls idle, the meter warns, then stops it."""
+    from meterhub.billing_hooks.db import connect
+    from meterhub.billing_hooks.ledger import Ledger
+
+    ledger = Ledger(connect(f"sqlite:///{gpu_hub.data_dir}/billing.sqlite"))
+    set_utilization(gpu_hub, 60)
+    gpu_hub.spawn("hal", {"profile": "a800", "gpus": "1"})
+    (session,) = ledger.open_sessions("hal")
+
+    def busy_for_twice_the_timeout():
+        assert gpu_hub.server("hal") is not None, "a busy GPU server was stopped as idle"
+        now = ledger.session(session.id).metered_through or 0
+        return now - (ledger.session(session.id).ready_at or now) >= 2 * GPU_IDLE_SECONDS
+
+    until(busy_for_twice_the_timeout, "hal's busy server to outlive its idle timeout")
+    assert [n.kind for n in ledger.notifications("hal")] == []
+    set_utilization(gpu_hub, 0)
+    until(lambda: gpu_hub.server("hal") is None, "hal's idle GPU server to stop", timeout=90)
+    kinds = [n.kind for n in ledger.notifications("hal")]
+    assert kinds[0] == "idle-warning" and kinds[-1] == "stopped", kinds
+    assert ledger.audit() == []
