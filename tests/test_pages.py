@@ -146,6 +146,10 @@ def test_spawn_page_shows_cards_prices_balance_and_reasons(site_hub, browser):
     one = cards["a800"].locator("label.meterhub-count").nth(0).inner_text()
     assert "≈ 15 min at this profile" in one  # ¥10.00 at ¥40.00/h
     assert "≈ 16 min at this profile" in cards["debug"].inner_text()  # ¥10.00 at ¥36.00/h
+    # the optional limits: "stop after ¥X spent or after N hours"
+    limits = page.locator("#meterhub-limits")
+    assert "Stop this server automatically" in limits.inner_text()
+    assert page.locator("#meterhub-max-hours").get_attribute("max") == "720"
     shot(page, "spawn")
     fits_a_phone(page, "spawn")
     page.context.close()
@@ -155,6 +159,7 @@ def test_debug_mode_lands_in_jupyterlab_and_the_wallet_shows_its_cost(site_hub, 
     page = sign_in(browser, site_hub, "stu")
     page.goto(f"{site_hub.url}/hub/spawn")
     page.check("#profile-debug input[name=profile]")
+    page.fill("#meterhub-max-cost", "5.00")  # ¥5.00 at ¥36.00/h: 500 s, longer than the test
     page.click("form#spawn_form [type=submit]")
     page.wait_for_url(re.compile(r".*/user/stu/lab.*"), timeout=120_000)
     page.wait_for_selector("#jp-main-dock-panel", timeout=120_000)
@@ -165,9 +170,9 @@ def test_debug_mode_lands_in_jupyterlab_and_the_wallet_shows_its_cost(site_hub, 
         "document.querySelector('#meterhub-credit-status').textContent.includes('/h')",
         timeout=60_000,
     )
-    assert re.fullmatch(r"¥\d+\.\d\d · ¥36\.00/h · \d+ min left", item.inner_text()), (
-        item.inner_text()
-    )
+    # and the cap set on the spawn page, counting down
+    shown = r"¥\d+\.\d\d · ¥36\.00/h · \d+ min left · cap: stops in \d+ min"
+    assert re.fullmatch(shown, item.inner_text()), item.inner_text()
     # a warning from the meter reaches JupyterLab as a notification
     ledger = Ledger(connect(f"sqlite:///{site_hub.data_dir}/billing.sqlite"))
     warning = "10 minutes of credit left — your server will stop; your files are kept"
@@ -177,6 +182,7 @@ def test_debug_mode_lands_in_jupyterlab_and_the_wallet_shows_its_cost(site_hub, 
     page.goto(f"{site_hub.url}/hub/wallet")  # while it runs: the live cost
     running = page.locator("#meterhub-running tbody tr").first.inner_text()
     assert "debug" in running and "¥36.00/h" in running and "¥" in running.split("/h")[-1]
+    assert "stop after ¥5.00 (¥" in running  # the limit set on the spawn page, and what is left
     assert "¥36.00/h" in page.locator("#meterhub-summary").inner_text()
     r = site_hub.api("DELETE", "/users/stu/server")
     assert r.status_code in (202, 204)
