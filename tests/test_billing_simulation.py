@@ -43,6 +43,7 @@ from meterhub.billing_hooks.ledger import CapReached, InsufficientCredit
 from meterhub.billing_hooks.meter import Meter
 from meterhub.billing_hooks.money import MICROS, accrued, to_micros
 from meterhub.billing_hooks.orm import Entry, MeteredSession, Wallet
+from meterhub.billing_hooks.postings import session_spent
 from meterhub.billing_hooks.wallets import period_start
 
 from .billing_support import make_ledger
@@ -164,6 +165,9 @@ def simulate(seed: int, engine=None) -> None:
             profile = rng.choice(list(RATES))
             mine = [g for g, users in members.items() if user in users]
             wallet = f"group:{rng.choice(mine)}" if mine and rng.random() < 0.8 else user
+            # some sessions carry their user's own caps ("stop after ¥X / N hours")
+            max_cost = rng.choice([None, None, rng.randint(1, 300) * MICROS // 100])
+            max_seconds = rng.choice([None, None, rng.randint(1, 40) * 60])
             try:
                 auth = attempt(
                     ledger.open_session,
@@ -174,6 +178,8 @@ def simulate(seed: int, engine=None) -> None:
                     RATES[profile],
                     MIN_SECONDS,
                     wallet=wallet,
+                    max_cost_micros=max_cost,
+                    max_seconds=max_seconds,
                 )
             except InsufficientCredit as refused:
                 auth = None
@@ -313,8 +319,10 @@ def check_refusal(ledger, caps, user, wallet, rate, refused, seed, step):
 
 def check_pass(ledger, caps, result, last_pass, now, seed, step):
     """A successful meter pass asked to stop every ready session of each member at or over
-    their cap, and of each wallet at zero; and nobody else."""
+    their cap, and of each wallet at zero, and each session at its own cap; and nobody
+    else."""
     stopping = set(result.to_stop)
+    own_cap = set(result.capped)
     with ledger.begin() as db:
         ids = _wallet_ids(db)
         names = {wid: ref for ref, wid in ids.items()}
@@ -347,7 +355,8 @@ def check_pass(ledger, caps, result, last_pass, now, seed, step):
     for session in running:
         at_zero = balances[session.wallet_id] + ledger.overdraft_micros <= 0
         if (session.user_name, session.server_name) in stopping:
-            assert at_zero or (session.wallet_id, session.user_name) in over, (
+            mine = (session.user_name, session.server_name) in own_cap
+            assert at_zero or mine or (session.wallet_id, session.user_name) in over, (
                 f"seed {seed} step {step}: {names[session.wallet_id]} session {session.id}"
                 " stopped without a reason"
             )
@@ -371,6 +380,14 @@ def check(ledger, granted, known, captured, caps, now, seed, step):
             assert session.wallet_id == ids[captured[session.id]], f"seed {seed} step {step}"
         for session_id, wallet_id in charges:
             assert wallet_id == by_id[session_id].wallet_id, f"seed {seed} step {step}"
+        # a session's own caps are never passed: not its money, not its hours
+        spent = session_spent(db, [s.id for s in sessions])
+        for s in sessions:
+            where = f"seed {seed} step {step}: session {s.id}'s own cap"
+            if s.max_cost_micros is not None:
+                assert spent.get(s.id, 0) <= s.max_cost_micros, where
+            if s.max_seconds is not None and s.ready_at is not None:
+                assert s.metered_through - s.ready_at <= s.max_seconds, where
         for ref in known:
             charged = sum(
                 accrued(s.rate_micros_per_hour, s.metered_through - s.ready_at)
