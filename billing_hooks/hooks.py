@@ -24,7 +24,7 @@ from meterhub.spawner.catalog import InvalidChoice
 
 from .courses import course_refusal
 from .ledger import InsufficientCredit, UnknownWallet
-from .money import to_micros
+from .money import format_duration, format_money, seconds_covered, to_micros
 from .settings import BillingSettings, priced_catalog
 from .wallets import WalletRef, WalletRefError, parse_wallet
 
@@ -50,6 +50,9 @@ async def authorize_spawn(spawner) -> None:
         choice = catalog.parse(spawner.user_options)
     except InvalidChoice as e:
         raise web.HTTPError(400, str(e), reason="Invalid profile") from None
+    refusal = cap_refusal(choice, settings, ledger.currency)
+    if refusal:
+        raise web.HTTPError(400, refusal, reason="Limit too small")
     try:
         wallet = await paying_wallet(spawner, ledger, choice.profile.slug, choice.gpus)
         if wallet is not None and wallet.is_course:
@@ -88,6 +91,29 @@ async def authorize_spawn(spawner) -> None:
         wallet or f"user:{spawner.user.name}",
     )
     _keep(asyncio.ensure_future(_record_ready(spawner, ledger, auth.session_id)))
+
+
+def cap_refusal(choice, settings: BillingSettings, currency: str) -> str:
+    """Why a session's spend cap is too small to start with, or "". The server stops about
+    when it reaches its cap, and a stop may take up to the grace period, unpaid: a cap must
+    buy at least the minutes a spawn needs (`min_minutes_to_start`) and twice a meter
+    interval plus the grace, or starting again and again with a tiny cap would run GPUs for
+    next to nothing."""
+    if choice.max_cost is None:
+        return ""
+    rate = to_micros(choice.rate_per_hour)
+    seconds = seconds_covered(to_micros(choice.max_cost), rate)
+    least = max(
+        settings.min_seconds_to_start,
+        2 * (settings.meter_interval_seconds + settings.stop_grace_seconds),
+    )
+    if seconds is None or seconds >= least:
+        return ""
+    return (
+        f"max_cost: {format_money(to_micros(choice.max_cost), currency)} buys"
+        f" {format_duration(seconds)} of {choice.label} at {format_money(rate, currency)}/h;"
+        f" a limit must allow at least {format_duration(least)}"
+    )
 
 
 def member_groups(user) -> set[str]:

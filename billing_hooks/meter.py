@@ -547,8 +547,9 @@ class Meter:
         self, view, session, spent: int, through: int, now: int, result: PassResult
     ) -> None:
         """Stop (or restart in debug mode) a session at the cap its user set ("stop after
-        ¥X / N hours"); warn at `warn_minutes` before. Charging stopped at the cap already
-        (billing_hooks.postings.capped_end): the server stops within a pass of it."""
+        ¥X / N hours"); warn at `warn_minutes` before. Charging never passes the cap
+        (billing_hooks.postings.capped_end), and the time after it is not charged, so the
+        stop is asked for one meter interval ahead: at the last pass before the cap."""
         currency = self.ledger.currency
         lefts = []
         if session.max_seconds is not None:
@@ -565,6 +566,8 @@ class Meter:
         if not lefts:
             return
         left = min(lefts)
+        # the next pass would come after the cap: stop now (the user pays to the stop)
+        due = left <= self.interval_seconds
         caps = " and ".join(
             part
             for part in (
@@ -577,20 +580,22 @@ class Meter:
         server = f"server {session.server_name!r}" if session.server_name else "server"
         action = self.catalog.idle(session.profile).on_cap if self.catalog else "stop"
         debug = action == "debug" and session.gpus > 0
-        if left <= 0:
+        if due:
             restarted = self._fall_back(view, session, "cap", action, result)
             result.capped.append((session.user_name, session.server_name))
             self.ledger.notify(
                 session.user_name,
                 f"session-cap:{session.id}",
                 "restarted" if restarted else "stopped",
-                f"Your {server} ({self._label(session)}) reached the limit you set for it"
-                f" (stop after {caps}): it cost {format_money(spent, currency)}, and was "
+                f"Your {server} ({self._label(session)}) came to the limit you set for it"
+                f" (stop after {caps}), so it was "
                 + (
                     "restarted in debug mode on the same disk. Your files are there."
                     if restarted
                     else "stopped. Your files are kept."
-                ),
+                )
+                + f" It had cost {format_money(spent, currency)}; you never pay more than"
+                " your limit.",
             )
             return
         then = "restarts in debug mode" if debug else "stops"

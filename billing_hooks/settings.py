@@ -31,6 +31,15 @@ class BillingSettings(LoggingConfigurable):
         rate × (this interval + the stop latency).
         """,
     ).tag(config=True)
+    stop_grace_seconds = Int(
+        30,
+        min=0,
+        help="""
+        How long a stop may take (the servers' grace between SIGTERM and SIGKILL; site
+        config `stop_grace_seconds`). A session's own spend cap must buy at least twice
+        this and a meter interval: the time after the cap is not charged.
+        """,
+    ).tag(config=True)
     min_minutes_to_start = Int(
         10, min=0, help="A spawn needs credit for this many minutes at its rate."
     ).tag(config=True)

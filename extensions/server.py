@@ -114,18 +114,28 @@ def read_ids(body: bytes) -> list[int]:
 # ---------------------------------------------------------------------- activity
 
 
+#: what an open JupyterLab tab writes by itself, with nobody at it: its workspace (the
+#: layout), every 10 s while visible
+BACKGROUND_WRITES = ("lab/api/workspaces",)
+
+
 def counts_as_activity(
     method: str, path: str, base_url: str, saving_until: float, now: float
 ) -> bool:
     """Whether an API request is the user's activity (pure): one that changes something.
 
     Reads (GET, HEAD, OPTIONS) are not: an open JupyterLab tab polls kernels, sessions,
-    terminals and the file browser by itself. A save (PUT or PATCH under `/api/contents`)
+    terminals and the file browser by itself. Nor are the writes a tab makes by itself
+    (`BACKGROUND_WRITES`: it saves its layout every 10 s while visible). A save (PUT or PATCH under `/api/contents`)
     before `saving_until` is not either: JupyterLab announced it saves because meterhub is
     about to stop the server, and that save must not cancel the stop.
     """
     if method.upper() in READ_ONLY_METHODS:
         return False
+    for prefix in BACKGROUND_WRITES:
+        under = url_path_join(base_url, prefix)
+        if path == under or path.startswith(under + "/"):
+            return False
     if now < saving_until and method.upper() in SAVE_METHODS:
         contents = url_path_join(base_url, "api/contents")
         if path == contents or path.startswith(contents + "/"):
@@ -518,6 +528,10 @@ class StatusHandler(BillingAPIHandler):
 
 
 class ReadHandler(BillingAPIHandler):
+    # the page marks what it showed by itself: marking an idle warning read must not
+    # postpone the stop it warns of
+    _track_activity = False
+
     @web.authenticated
     async def post(self):
         ids = read_ids(self.request.body)

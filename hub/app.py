@@ -212,6 +212,10 @@ class MeterHub(JupyterHub):
                 except (disk_archive.ArchiveError, OSError) as e:
                     self.log.error("Could not archive the disk of %s: %s", name, e)
                     continue
+                except Exception:
+                    # one user's disk never holds up everyone else's
+                    self.log.exception("Could not archive the disk of %s", name)
+                    continue
                 if marker is not None:
                     archived += 1
                     self.log.info(

@@ -599,6 +599,7 @@ def apply_idle(site: dict, c: Config) -> Config:
     # SIGTERM, then SIGKILL after the grace period (LocalGPUSpawner); the pod's grace
     # period on Kubernetes (KubeSpawner's delete_grace_period)
     c.LocalGPUSpawner.stop_grace_seconds = grace
+    c.BillingSettings.stop_grace_seconds = grace
     c.KubeGPUSpawner.delete_grace_period = grace
     return c
 

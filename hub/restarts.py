@@ -4,7 +4,7 @@ cap, or at the end of a lab window.
 
 The billing service may stop servers, never start them. The hub starts these itself, in its
 own process, once the server has stopped: through its own REST API, with a token of the
-user's that lives two minutes and can start that one server only (`servers!server=U/S`),
+user's that lives two minutes and can start that one server only (`start:servers!server=U/S`),
 deleted right after. So a restart is the user's own start, checked like any other: the
 catalog, the wallet (the same one that paid), the course's rules, the credit.
 """
@@ -67,6 +67,10 @@ async def run_restarts(app, ledger) -> int:
 
 async def _restart(app, restart, now: int) -> str | None:
     """ "" when started, a reason when not, None to look again at the next sync."""
+    if now - restart.created_at > GIVE_UP_SECONDS:
+        # the hub was down, or the server would not stop: a restart this late would start
+        # (and charge for) a server its user no longer expects
+        return f"it was asked for more than {GIVE_UP_SECONDS // 60} minutes ago"
     try:
         user = app.users[restart.user_name]
     except KeyError:
@@ -75,8 +79,6 @@ async def _restart(app, restart, now: int) -> str | None:
         return "the server no longer exists"
     spawner = user.spawners[restart.server_name]
     if spawner.active or spawner.pending:
-        if now - restart.created_at > GIVE_UP_SECONDS:
-            return f"it did not stop within {GIVE_UP_SECONDS // 60} minutes"
         started = spawner.orm_spawner.started
         if spawner.ready and started is not None and started.timestamp() > restart.created_at:
             return "its user started it again meanwhile"
@@ -84,7 +86,8 @@ async def _restart(app, restart, now: int) -> str | None:
     token = user.new_api_token(
         note="meterhub: restart in debug mode",
         expires_in=TOKEN_SECONDS,
-        scopes=[f"servers!server={user.name}/{restart.server_name}"],
+        # start only: `servers` would also stop and read it
+        scopes=[f"start:servers!server={user.name}/{restart.server_name}"],
     )
     try:
         url = url_path_join(app.hub.url, _server_path(user.name, restart.server_name))

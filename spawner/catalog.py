@@ -643,14 +643,15 @@ def session_caps(user_options: dict) -> tuple[Decimal | None, int | None]:
     raw_hours = user_options.get("max_hours")
     hours = None
     if raw_hours not in (None, ""):
-        text = str(raw_hours).strip() if isinstance(raw_hours, (int, str)) else None
+        text = str(raw_hours) if isinstance(raw_hours, (int, str)) else None
         if (
             isinstance(raw_hours, bool)
             or text is None
+            or len(text) > len(str(MAX_HOURS))  # before int(): thousands of digits raise
             or not text.isascii()
             or not text.isdigit()
+            or text != str(int(text))  # no leading zeros, as for gpus
             or not 1 <= int(text) <= MAX_HOURS
-            or text != str(raw_hours)
         ):
             raise InvalidChoice(
                 f"max_hours: expected a whole number of hours from 1 to {MAX_HOURS},"

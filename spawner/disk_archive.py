@@ -85,27 +85,25 @@ def archives(archive_dir: str) -> list[str]:
 
 def empty_disk(disk: str) -> None:
     """Remove everything on the disk, keeping the disk itself (its owner and mode). Folders
-    its user made read-only are made writable first (a hub that is not root needs that)."""
-    for entry in os.listdir(disk):
-        path = os.path.join(disk, entry)
+    its user made read-only are made writable first (a hub that is not root needs that).
+    Without recursion (shutil.rmtree's ends in a RecursionError a thousand folders deep):
+    the deepest entries first."""
+    entries = list(_walk(disk, make_readable=True))
+    for relative in reversed(entries):
+        path = os.path.join(disk, relative)
         if os.path.isdir(path) and not os.path.islink(path):
             try:
-                shutil.rmtree(path)
+                os.rmdir(path)
             except PermissionError:
-                _writable_tree(path)
-                shutil.rmtree(path)
-        else:
-            os.unlink(path)
-
-
-def _writable_tree(top: str) -> None:
-    """Give the owner rwx on every folder below `top` (links are not followed)."""
-    os.chmod(top, stat.S_IMODE(os.lstat(top).st_mode) | stat.S_IRWXU)
-    for root, dirs, _files in os.walk(top):
-        for name in dirs:
-            path = os.path.join(root, name)
-            if not os.path.islink(path):
                 os.chmod(path, stat.S_IMODE(os.lstat(path).st_mode) | stat.S_IRWXU)
+                os.rmdir(path)
+            continue
+        try:
+            os.unlink(path)
+        except PermissionError:
+            parent = os.path.dirname(path)
+            os.chmod(parent, stat.S_IMODE(os.lstat(parent).st_mode) | stat.S_IRWXU)
+            os.unlink(path)
 
 
 def copy_materials(source: str, target: str, run_as: tuple[int, int] | None) -> int:
@@ -320,8 +318,12 @@ def archive_idle(disk: str, folder: str, now: datetime.datetime) -> Archived:
         fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "wb") as raw:
             with tarfile.open(fileobj=raw, mode="w:gz") as tar:
-                for entry in sorted(os.listdir(disk)):
-                    tar.add(os.path.join(disk, entry), arcname=entry, filter=keep)
+                # walked here, not by tarfile's recursion: a disk nested a thousand folders
+                # deep would end it in a RecursionError
+                for relative in _walk(disk):
+                    tar.add(
+                        os.path.join(disk, relative), arcname=relative, recursive=False, filter=keep
+                    )
             raw.flush()
             os.fsync(raw.fileno())
         # read back before anything is removed: every member there, and the checksum of
@@ -373,7 +375,35 @@ def idle_archives(folder: str) -> list[str]:
     return [n for n in archives(folder) if n.endswith(f"-{IDLE_LABEL}.tar.gz")]
 
 
-def _member_problem(member: tarfile.TarInfo, seen: set[str], links: set[str]) -> str:
+def _walk(disk: str, make_readable: bool = False):
+    """Every entry below `disk`, as paths relative to it, each folder before what it holds,
+    in sorted order; links are listed, never followed. Iterative: a user may nest folders
+    deeper than Python recurses (os.walk and tarfile's recursion end in a RecursionError).
+    An unreadable folder raises, unless `make_readable` (to remove it: a hub that is not
+    root cannot list a folder its user made unreadable)."""
+    stack = [""]
+    while stack:
+        relative = stack.pop()
+        folder = os.path.join(disk, relative) if relative else disk
+        try:
+            names = sorted(os.listdir(folder))
+        except PermissionError:
+            if not make_readable:
+                raise
+            os.chmod(folder, stat.S_IMODE(os.lstat(folder).st_mode) | stat.S_IRWXU)
+            names = sorted(os.listdir(folder))
+        below = []
+        for name in names:
+            path = os.path.join(relative, name) if relative else name
+            yield path
+            if stat.S_ISDIR(os.lstat(os.path.join(disk, path)).st_mode):
+                below.append(path)
+        stack.extend(reversed(below))
+
+
+def _member_problem(
+    member: tarfile.TarInfo, seen: set[str], links: set[str], files: set[str]
+) -> str:
     """Why a member may not be extracted onto a disk, or "" when it may."""
     name = member.name
     parts = name.split("/")
@@ -389,6 +419,10 @@ def _member_problem(member: tarfile.TarInfo, seen: set[str], links: set[str]) ->
         target = member.linkname
         if target.startswith("/") or ".." in target.split("/") or target not in seen:
             return "a hard link to something outside the archive"
+        if os.path.normpath(target) not in files:
+            # a hard link to a symlink: extracting it as root would chown and chmod the
+            # symlink's target, wherever it is
+            return "a hard link to something that is not a file of the archive"
     elif not (member.isreg() or member.isdir() or member.issym()):
         return "a device file or pipe"
     return ""
@@ -401,14 +435,17 @@ def _checked_members(tar: tarfile.TarFile) -> list[tarfile.TarInfo]:
     them."""
     seen: set[str] = set()
     links: set[str] = set()
+    files: set[str] = set()
     members = tar.getmembers()
     for member in members:
-        problem = _member_problem(member, seen, links)
+        problem = _member_problem(member, seen, links, files)
         if problem:
             raise ArchiveError(f"refused: member {member.name[:200]!r} is {problem}")
         seen.add(os.path.normpath(member.name))
         if member.issym():
             links.add(os.path.normpath(member.name))
+        elif member.isreg():
+            files.add(os.path.normpath(member.name))
     return members
 
 

@@ -145,19 +145,32 @@ async def test_a_group_or_course_paid_server_falls_back_on_the_same_wallet():
 # ---------------------------------------------------------------- session caps
 
 
+async def run_until_stop(clock, meter, hub, step: int, limit: int = 3 * 3600):
+    for _ in range(limit // step):
+        clock.advance(step)
+        await meter.tick()
+        if hub.stop_requests:
+            return
+
+
 @pytest.mark.parametrize("step", [60, 7, 3600])
-async def test_a_cost_cap_is_charged_exactly_and_stops_the_server(step):
+@pytest.mark.parametrize("latency", [1, 90])
+async def test_a_cost_cap_stops_the_server_a_pass_ahead_and_is_never_passed(step, latency):
     ledger, clock, hub, meter = setup()
     session = start(ledger, hub, "fa", max_cost_micros=to_micros("1.00"))
-    # ¥1.00 at ¥4.50/h is 800 s exactly
-    await run(clock, meter, 3 * 3600, step=step)
-    assert ledger.balance("fa") == to_micros("99.00")
+    ready = ledger.session(session).ready_at
+    # ¥1.00 at ¥4.50/h is 800 s exactly: the stop is asked for at the last pass before
+    await run_until_stop(clock, meter, hub, step)
     assert hub.stop_requests == [("fa", "")]
+    assert clock.now - ready >= 800 - meter.interval_seconds
     stops = [n for n in ledger.notifications("fa") if n.kind == "stopped"]
-    assert "stop after ¥1.00" in stops[0].message and "it cost ¥1.00" in stops[0].message
-    # the stop closes the session later: nothing more is charged
-    ledger.close_session(session)
-    assert ledger.balance("fa") == to_micros("99.00")
+    assert "stop after ¥1.00" in stops[0].message
+    assert "you never pay more than your limit" in stops[0].message
+    # the server takes `latency` to stop: charged to the stop, never past the cap
+    ledger.close_session(session, at=clock.now + latency)
+    spent = to_micros("100.00") - ledger.balance("fa")
+    assert spent == min(to_micros("1.00"), accrued(A800, clock.now + latency - ready))
+    assert spent >= to_micros("1.00") - accrued(A800, meter.interval_seconds)
     assert ledger.audit() == []
 
 
@@ -172,12 +185,13 @@ async def test_a_cost_cap_that_buys_no_whole_second_stops_under_it():
 
 async def test_a_time_cap_charges_exactly_its_hours_and_warns_before():
     ledger, clock, hub, meter = setup()
-    start(ledger, hub, "ha", max_seconds=3600)
+    session = start(ledger, hub, "ha", max_seconds=3600)
     hub.last_activity[("ha", "")] = clock.now + 3 * 3600  # busy throughout: never idle
     await run(clock, meter, 30 * 60)
     assert [n.kind for n in ledger.notifications("ha")] == ["cap-warning"]  # 30 minutes left
-    await run(clock, meter, 30 * 60 + 300)
+    await run_until_stop(clock, meter, hub, 60)
     assert hub.stop_requests == [("ha", "")]
+    ledger.close_session(session, at=clock.now + 120)  # a slow stop: the hour, no more
     assert ledger.balance("ha") == to_micros("100.00") - accrued(A800, 3600)
     assert [n.kind for n in ledger.notifications("ha")][-1] == "stopped"
 

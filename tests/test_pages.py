@@ -159,7 +159,7 @@ def test_debug_mode_lands_in_jupyterlab_and_the_wallet_shows_its_cost(site_hub, 
     page = sign_in(browser, site_hub, "stu")
     page.goto(f"{site_hub.url}/hub/spawn")
     page.check("#profile-debug input[name=profile]")
-    page.fill("#meterhub-max-cost", "5.00")  # ¥5.00 at ¥36.00/h: 500 s, longer than the test
+    page.fill("#meterhub-max-cost", "7.00")  # ¥7.00 at ¥36.00/h: 700 s, longer than the test
     page.click("form#spawn_form [type=submit]")
     page.wait_for_url(re.compile(r".*/user/stu/lab.*"), timeout=120_000)
     page.wait_for_selector("#jp-main-dock-panel", timeout=120_000)
@@ -182,7 +182,7 @@ def test_debug_mode_lands_in_jupyterlab_and_the_wallet_shows_its_cost(site_hub, 
     page.goto(f"{site_hub.url}/hub/wallet")  # while it runs: the live cost
     running = page.locator("#meterhub-running tbody tr").first.inner_text()
     assert "debug" in running and "¥36.00/h" in running and "¥" in running.split("/h")[-1]
-    assert "stop after ¥5.00 (¥" in running  # the limit set on the spawn page, and what is left
+    assert "stop after ¥7.00 (¥" in running  # the limit set on the spawn page, and what is left
     assert "¥36.00/h" in page.locator("#meterhub-summary").inner_text()
     r = site_hub.api("DELETE", "/users/stu/server")
     assert r.status_code in (202, 204)

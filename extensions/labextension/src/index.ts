@@ -1,8 +1,11 @@
 /**
  * meterhub in JupyterLab: "¥9.87 · ¥0.10/h · 98 h left" in the status bar, polled from the
- * server's /api/meterhub/status, styled by how near the stop is (`data-level`, style/index.css),
- * and a JupyterLab notification for each new warning ("10 minutes of credit left — your server
- * will stop; your files are kept"), shown once and then marked read.
+ * server's /api/meterhub/status (also while the tab is hidden), styled by how near a stop is
+ * (`data-level`, style/index.css) and telling of a near idle action or cap ("· idle: stops in
+ * 4 min"); a JupyterLab notification for each new warning ("10 minutes of credit left — your
+ * server will stop; your files are kept"), shown once and then marked read, an idle warning
+ * with a "Keep running" button; and a save of every open document with unsaved changes before
+ * a stop meterhub causes (src/saver.ts).
  */
 import {
   JupyterFrontEnd,
@@ -12,61 +15,130 @@ import { Notification } from '@jupyterlab/apputils';
 import { URLExt } from '@jupyterlab/coreutils';
 import { ServerConnection } from '@jupyterlab/services';
 import { IStatusBar } from '@jupyterlab/statusbar';
-import { Poll } from '@lumino/polling';
+import { IPoll, Poll } from '@lumino/polling';
 import { Widget } from '@lumino/widgets';
 
-import { NotificationReader, noteType } from './notes';
-import { INote, IStatus, level, statusText } from './status';
+import {
+  IdleWarnings,
+  NotificationReader,
+  idleCancelled,
+  noteType
+} from './notes';
+import {
+  HIDDEN_POLL_INTERVAL_MS,
+  IOpenDocument,
+  POLL_INTERVAL_MS,
+  StopSaver
+} from './saver';
+import { INote, IStatus, statusLevel, statusText } from './status';
 
-export { level, statusText } from './status';
+export { level, statusLevel, statusText } from './status';
 
-/**
- * How often the status is asked for: the meter moves credit once a minute by default.
- */
-const INTERVAL_MS = 15 * 1000;
 /**
  * The longest wait between tries while the server fails (each failure doubles the wait).
  */
 const MAX_INTERVAL_MS = 5 * 60 * 1000;
 
-function showNote(note: INote): void {
-  // stays until dismissed: a warning about a stop must not slip by
-  if (noteType(note.kind) === 'warning') {
-    Notification.warning(note.message, { autoClose: false });
-  } else {
-    Notification.info(note.message, { autoClose: false });
-  }
+/**
+ * The poll's frequency: slower while the tab is hidden (src/saver.ts says why it still polls).
+ */
+function frequency(hidden: boolean): IPoll.Frequency {
+  return {
+    interval: hidden ? HIDDEN_POLL_INTERVAL_MS : POLL_INTERVAL_MS,
+    backoff: true,
+    max: MAX_INTERVAL_MS
+  };
 }
 
 /**
- * The status bar item: the credit, refreshed by a poll that backs off while the server fails
- * and sleeps while the tab is hidden.
+ * What of a document context the saver needs: `DocumentWidget.context`
+ * (@jupyterlab/docregistry), by shape, so this extension needs no document manager.
+ */
+interface IDocumentContext {
+  path: string;
+  model: { dirty: boolean; readOnly: boolean };
+  contentsModel: { writable?: boolean } | null;
+  /**
+   * False while a collaborative document saves itself on the server, or before it loaded.
+   */
+  canSave?: boolean;
+  save(): Promise<void>;
+}
+
+function contextOf(widget: Widget): IDocumentContext | null {
+  const context = (widget as { context?: Partial<IDocumentContext> }).context;
+  if (
+    !context ||
+    typeof context.save !== 'function' ||
+    typeof context.path !== 'string' ||
+    typeof context.model?.dirty !== 'boolean'
+  ) {
+    return null;
+  }
+  return context as IDocumentContext;
+}
+
+/**
+ * The open documents of the main area, each once (two views of a file share one context).
+ */
+function openDocuments(app: JupyterFrontEnd): IOpenDocument[] {
+  const contexts = new Set<IDocumentContext>();
+  for (const widget of app.shell.widgets('main')) {
+    const context = contextOf(widget);
+    if (context) {
+      contexts.add(context);
+    }
+  }
+  return [...contexts].map(context => ({
+    path: context.path,
+    dirty: context.model.dirty,
+    writable:
+      !context.model.readOnly &&
+      context.contentsModel?.writable !== false &&
+      context.canSave !== false,
+    save: () => context.save()
+  }));
+}
+
+/**
+ * The status bar item: the credit, refreshed by a poll that backs off while the server fails;
+ * the notifications; and the saves before a stop.
  */
 class CreditStatus extends Widget {
-  constructor(settings: ServerConnection.ISettings) {
+  constructor(app: JupyterFrontEnd) {
     super();
-    this._settings = settings;
+    this._settings = app.serviceManager.serverSettings;
     this.id = 'meterhub-credit-status';
     this.addClass('jp-StatusBar-TextItem');
     this.addClass('meterhub-credit-status');
     this.node.title = 'meterhub: your credit';
     this.node.textContent = 'credit …';
     this._reader = new NotificationReader({
-      show: showNote,
+      show: note => this._showNote(note),
       markRead: ids => this._markRead(ids),
       onError: error =>
         console.warn('meterhub: could not mark notifications read', error)
     });
+    this._idleWarnings = new IdleWarnings(id => Notification.dismiss(id));
+    this._saver = new StopSaver({
+      documents: () => openDocuments(app),
+      announce: () => this._post('api/meterhub/saving'),
+      onError: (what, error) =>
+        console.warn(`meterhub: could not ${what} before a stop`, error)
+    });
+    // A hidden tab keeps polling: it must save before a stop too (src/saver.ts).
     this._poll = new Poll({
       factory: () => this.refresh(),
-      frequency: { interval: INTERVAL_MS, backoff: true, max: MAX_INTERVAL_MS },
+      frequency: frequency(document.hidden),
       name: '@meterhub/credit-status:CreditStatus#status',
-      standby: 'when-hidden'
+      standby: 'never'
     });
+    document.addEventListener('visibilitychange', this._onVisibility);
   }
 
   /**
-   * Ask for the status once and show it. Rejects when the server fails, so the poll backs off.
+   * Ask for the status once and act on it. Rejects when the server fails, so the poll backs
+   * off.
    */
   async refresh(): Promise<void> {
     let status: IStatus;
@@ -85,11 +157,17 @@ class CreditStatus extends Widget {
       delete this.node.dataset.level;
       throw error;
     }
+    this._status = status;
+    // first the save: a stop may be seconds away; the poll does not wait for it (a save can
+    // wait on a dialog, such as "the file changed on disk")
+    void this._saver.check(status.notifications, status.stop).then(report => {
+      if (report && (report.saved.length || report.failed.length)) {
+        console.info('meterhub: saved before a stop', report);
+      }
+    });
     this.node.textContent = statusText(status);
-    this.node.dataset.level = level(
-      status.minutes_left,
-      status.warn_minutes ?? []
-    );
+    this.node.dataset.level = statusLevel(status);
+    this._idleWarnings.update(status.idle);
     await this._reader.read(status.notifications);
   }
 
@@ -97,14 +175,97 @@ class CreditStatus extends Widget {
     if (this.isDisposed) {
       return;
     }
+    document.removeEventListener('visibilitychange', this._onVisibility);
     this._poll.dispose();
     super.dispose();
   }
 
+  private _onVisibility = (): void => {
+    this._poll.frequency = frequency(document.hidden);
+    if (!document.hidden) {
+      // shown again: what the status bar says may be a hidden interval old
+      void this._poll.refresh();
+    }
+  };
+
+  private _showNote(note: INote): void {
+    if (note.kind === 'idle-warning') {
+      this._showIdleWarning(note);
+    } else if (noteType(note.kind) === 'warning') {
+      // stays until dismissed: a warning about a stop must not slip by
+      Notification.warning(note.message, { autoClose: false });
+    } else {
+      Notification.info(note.message, { autoClose: false });
+    }
+  }
+
+  /**
+   * An idle warning with "Keep running": the click is activity, so the idle stop is off. Not
+   * shown when the same status says activity already cancelled it.
+   */
+  private _showIdleWarning(note: INote): void {
+    if (idleCancelled(this._status?.idle)) {
+      return;
+    }
+    const id = Notification.warning(note.message, {
+      autoClose: false,
+      actions: [
+        {
+          label: 'Keep running',
+          caption: 'Count this as activity: the server keeps running',
+          displayType: 'accent',
+          callback: event => {
+            // dismissed once the server heard it, not before
+            event.preventDefault();
+            void this._keepRunning(id);
+          }
+        }
+      ]
+    });
+    this._idleWarnings.add(id);
+  }
+
+  private async _keepRunning(id: string): Promise<void> {
+    try {
+      await this._idleWarnings.keepRunning(id, () =>
+        this._post('api/meterhub/activity')
+      );
+    } catch (error) {
+      console.warn(
+        'meterhub: could not tell the server to keep running',
+        error
+      );
+      // the warning and its button stay, to try again
+      Notification.error(
+        'Your server did not answer "Keep running"; try again, or use it (run a cell, save a file).',
+        { autoClose: 10 * 1000 }
+      );
+      return;
+    }
+    // the status bar's "idle: stops in …" goes now, not at the next poll
+    void this._poll.refresh();
+  }
+
   private async _markRead(ids: number[]): Promise<void> {
+    // the page marks what it showed by itself: not the user's activity, which would put off
+    // the very idle stop an idle warning announces (jupyter_server's `no_track_activity`)
     const response = await ServerConnection.makeRequest(
-      this._url('api/meterhub/notifications/read'),
+      this._url('api/meterhub/notifications/read') + '?no_track_activity=1',
       { method: 'POST', body: JSON.stringify({ ids }) },
+      this._settings
+    );
+    if (!response.ok) {
+      throw await ServerConnection.ResponseError.create(response);
+    }
+  }
+
+  /**
+   * POST with no body to one of the server's own endpoints (answers 204).
+   */
+  private async _post(path: string): Promise<void> {
+    const response = await ServerConnection.makeRequest(
+      this._url(path),
+      { method: 'POST' },
       this._settings
     );
     if (!response.ok) {
@@ -118,16 +279,20 @@ class CreditStatus extends Widget {
 
   private _settings: ServerConnection.ISettings;
   private _reader: NotificationReader;
+  private _idleWarnings: IdleWarnings;
+  private _saver: StopSaver;
+  private _status: IStatus | null = null;
   private _poll: Poll;
 }
 
 const plugin: JupyterFrontEndPlugin<void> = {
   id: '@meterhub/credit-status:plugin',
-  description: 'Credit left in the status bar, and warnings before a stop.',
+  description:
+    'Credit left in the status bar, warnings before a stop, and a save before it.',
   autoStart: true,
   optional: [IStatusBar],
   activate: (app: JupyterFrontEnd, statusBar: IStatusBar | null) => {
-    const item = new CreditStatus(app.serviceManager.serverSettings);
+    const item = new CreditStatus(app);
     if (statusBar) {
       statusBar.registerStatusItem(plugin.id, {
         item,

@@ -1,9 +1,11 @@
 /**
  * Each notification shows once: JupyterLab shows an unread one, then marks it read on the
- * server (`POST /api/meterhub/notifications/read`), so a reload does not show it again.
- * No browser needed: the class takes the functions that show and mark (src/__tests__).
+ * server (`POST /api/meterhub/notifications/read`), so a reload does not show it again. An idle
+ * warning goes away by itself once the server is no longer near its idle action (any activity
+ * cancels it). No browser needed: the classes take the functions that show, mark and dismiss
+ * (src/__tests__).
  */
-import { INote } from './status';
+import { IIdle, INote, idleSecondsLeft } from './status';
 
 /**
  * The most ids one mark-read request may carry (the server extension refuses more).
@@ -11,13 +13,79 @@ import { INote } from './status';
 export const MAX_IDS_PER_REQUEST = 100;
 
 /**
- * How JupyterLab shows a notification of this kind: the meter's warnings, stops and ended
- * passes are warnings; anything newer is information.
+ * How JupyterLab shows a notification of this kind: the meter's warnings (credit, lab window,
+ * cap, idle), stops and ended passes are warnings; anything else, such as `restarted` (an idle or
+ * capped server now runs in debug mode), is information.
  */
 export function noteType(kind: string): 'warning' | 'info' {
-  return ['warning', 'stopped', 'pass-ended'].includes(kind)
+  return [
+    'warning',
+    'idle-warning',
+    'cap-warning',
+    'stopped',
+    'pass-ended'
+  ].includes(kind)
     ? 'warning'
     : 'info';
+}
+
+/**
+ * Whether a status says an idle warning no longer holds: the server has no idle timeout, or is
+ * not within its warning time of the idle action any more (there was activity since). A server
+ * older than idle shutdown says nothing (`undefined`), which cancels nothing.
+ */
+export function idleCancelled(idle: IIdle | null | undefined): boolean {
+  return idle !== undefined && idleSecondsLeft(idle) === null;
+}
+
+/**
+ * The idle warnings this page shows, dismissed together as soon as a status says they no longer
+ * hold (`idleCancelled`).
+ */
+export class IdleWarnings {
+  /**
+   * @param dismiss - dismiss one shown notification (in JupyterLab: `Notification.dismiss`).
+   */
+  constructor(dismiss: (id: string) => void) {
+    this._dismiss = dismiss;
+  }
+
+  /**
+   * Remember a notification shown for an idle warning.
+   */
+  add(id: string): void {
+    this._shown.add(id);
+  }
+
+  /**
+   * "Keep running" on the warning `id`: tell the server (`post`, in JupyterLab
+   * `POST api/meterhub/activity`, which counts as activity and so cancels the idle action), then
+   * dismiss the warning. When the server did not hear it, the warning and its button stay, to
+   * try again, and the error is passed on.
+   */
+  async keepRunning(id: string, post: () => Promise<void>): Promise<void> {
+    await post();
+    this._shown.delete(id);
+    this._dismiss(id);
+  }
+
+  /**
+   * Take in a new status: dismiss every idle warning shown when it says they no longer hold.
+   *
+   * @returns the ids dismissed.
+   */
+  update(idle: IIdle | null | undefined): string[] {
+    if (!idleCancelled(idle)) {
+      return [];
+    }
+    const ids = [...this._shown];
+    this._shown.clear();
+    ids.forEach(id => this._dismiss(id));
+    return ids;
+  }
+
+  private _dismiss: (id: string) => void;
+  private _shown = new Set<string>();
 }
 
 export namespace NotificationReader {

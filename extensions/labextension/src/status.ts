@@ -1,6 +1,8 @@
 /**
  * What the status bar shows of the server's `/api/meterhub/status`: the text and how near the
- * stop is. Pure functions, tested without a browser (src/__tests__/status.spec.ts).
+ * stop is — by credit, by an idle timeout ("· idle: stops in 4 min") or by the session's spend
+ * or time cap ("· cap: stops in 12 min"). Pure functions, tested without a browser
+ * (src/__tests__/status.spec.ts).
  */
 
 /**
@@ -10,6 +12,36 @@ export interface INote {
   id: number;
   kind: string;
   message: string;
+}
+
+/**
+ * How long this server has been idle, and what happens when it has been idle too long.
+ */
+export interface IIdle {
+  /**
+   * Seconds since this server's last activity.
+   */
+  idle_seconds: number;
+  /**
+   * The idle action happens at this many idle seconds.
+   */
+  limit_seconds: number;
+  /**
+   * The user is warned this many seconds before the idle action.
+   */
+  warn_seconds: number;
+  /**
+   * `stop` (files kept) or `debug` (restarted in debug mode on the same disk).
+   */
+  action: 'stop' | 'debug';
+}
+
+/**
+ * The soonest stop the meter can foresee, and why: out of credit, idle, or the session's cap.
+ */
+export interface IStop {
+  reason: 'idle' | 'credit' | 'cap';
+  in_seconds: number;
 }
 
 /**
@@ -28,6 +60,14 @@ export interface IStatus {
   profile: string;
   gpus: number;
   notifications: INote[];
+  /**
+   * Null when this server has no idle timeout; absent from a server older than idle shutdown.
+   */
+  idle?: IIdle | null;
+  /**
+   * Null when no stop is foreseeable; absent from a server older than idle shutdown.
+   */
+  stop?: IStop | null;
 }
 
 /**
@@ -48,13 +88,51 @@ function left(minutes: number | null): string {
 }
 
 /**
- * "¥9.87 · ¥0.10/h · 98 h left"
+ * "in 4 min", "in under 1 min", "in 2 h": whole units, rounded down, so the time left is never
+ * overstated.
+ */
+function within(seconds: number): string {
+  const minutes = Math.floor(Math.max(0, seconds) / 60);
+  if (minutes < 1) {
+    return 'in under 1 min';
+  }
+  if (minutes >= 60) {
+    return `in ${Math.floor(minutes / 60)} h`;
+  }
+  return `in ${minutes} min`;
+}
+
+/**
+ * Seconds until the idle action while the user is being warned of it (at most `warn_seconds`
+ * before it), else null: not idle long enough, no idle timeout, or an older server.
+ */
+export function idleSecondsLeft(idle: IIdle | null | undefined): number | null {
+  if (!idle) {
+    return null;
+  }
+  const left = idle.limit_seconds - idle.idle_seconds;
+  return left <= idle.warn_seconds ? Math.max(0, left) : null;
+}
+
+/**
+ * "¥9.87 · ¥0.10/h · 98 h left", then "· idle: stops in 4 min" (or "· idle: debug mode in
+ * 4 min") while the idle action is near, and "· cap: stops in 12 min" when the session's cap
+ * is the soonest stop. A credit stop adds nothing: the minutes left already say it.
  */
 export function statusText(status: IStatus): string {
   const symbol = SYMBOLS[status.currency] ?? `${status.currency} `;
   const balance = `${symbol}${status.balance}`;
   const rate = `${symbol}${status.rate_per_hour}/h`;
-  return `${balance} · ${rate} · ${left(status.minutes_left)}`;
+  const parts = [balance, rate, left(status.minutes_left)];
+  const idleLeft = idleSecondsLeft(status.idle);
+  if (idleLeft !== null) {
+    const what = status.idle?.action === 'debug' ? 'debug mode' : 'stops';
+    parts.push(`idle: ${what} ${within(idleLeft)}`);
+  }
+  if (status.stop?.reason === 'cap') {
+    parts.push(`cap: stops ${within(status.stop.in_seconds)}`);
+  }
+  return parts.join(' · ');
 }
 
 /**
@@ -77,4 +155,24 @@ export function level(
     return 'warning';
   }
   return 'ok';
+}
+
+const ORDER: readonly Level[] = ['ok', 'warning', 'critical'];
+
+/**
+ * The status bar's level: the nearest of the credit's and the cap's stop by the site's
+ * thresholds (`level`), and at least `warning` while the idle action is near — `critical` in its
+ * last minute.
+ */
+export function statusLevel(status: IStatus): Level {
+  const warnMinutes = status.warn_minutes ?? [];
+  const levels = [level(status.minutes_left, warnMinutes)];
+  if (status.stop?.reason === 'cap') {
+    levels.push(level(Math.floor(status.stop.in_seconds / 60), warnMinutes));
+  }
+  const idleLeft = idleSecondsLeft(status.idle);
+  if (idleLeft !== null) {
+    levels.push(idleLeft <= 60 ? 'critical' : 'warning');
+  }
+  return levels.reduce((a, b) => (ORDER.indexOf(b) > ORDER.indexOf(a) ? b : a));
 }

@@ -1,5 +1,11 @@
-import { MAX_IDS_PER_REQUEST, NotificationReader, noteType } from '../notes';
-import { INote } from '../status';
+import {
+  IdleWarnings,
+  MAX_IDS_PER_REQUEST,
+  NotificationReader,
+  idleCancelled,
+  noteType
+} from '../notes';
+import { IIdle, INote } from '../status';
 
 function note(id: number, kind = 'warning'): INote {
   return { id, kind, message: `note ${id}` };
@@ -97,6 +103,93 @@ describe('noteType', () => {
     expect(noteType('warning')).toBe('warning');
     expect(noteType('stopped')).toBe('warning');
     expect(noteType('pass-ended')).toBe('warning');
+    expect(noteType('idle-warning')).toBe('warning');
+    expect(noteType('cap-warning')).toBe('warning');
+    expect(noteType('restarted')).toBe('info');
     expect(noteType('news')).toBe('info');
+  });
+});
+
+function idle(idleSeconds: number): IIdle {
+  return {
+    idle_seconds: idleSeconds,
+    limit_seconds: 1800,
+    warn_seconds: 300,
+    action: 'stop'
+  };
+}
+
+describe('IdleWarnings', () => {
+  it('keeps the idle warnings while the idle action is near', () => {
+    const dismissed: string[] = [];
+    const warnings = new IdleWarnings(id => dismissed.push(id));
+    warnings.add('n1');
+    expect(warnings.update(idle(1500))).toEqual([]);
+    expect(warnings.update(idle(1790))).toEqual([]);
+    expect(dismissed).toEqual([]);
+  });
+
+  it('dismisses all it showed once activity moved the idle action away', () => {
+    const dismissed: string[] = [];
+    const warnings = new IdleWarnings(id => dismissed.push(id));
+    warnings.add('n1');
+    warnings.add('n2');
+    expect(warnings.update(idle(12))).toEqual(['n1', 'n2']);
+    expect(dismissed).toEqual(['n1', 'n2']);
+    // dismissed once
+    expect(warnings.update(idle(13))).toEqual([]);
+    expect(dismissed).toEqual(['n1', 'n2']);
+  });
+
+  it('dismisses when the server has no idle timeout any more', () => {
+    const dismissed: string[] = [];
+    const warnings = new IdleWarnings(id => dismissed.push(id));
+    warnings.add('n1');
+    expect(warnings.update(null)).toEqual(['n1']);
+  });
+
+  it('"Keep running" tells the server, then dismisses its warning', async () => {
+    const log: string[] = [];
+    const warnings = new IdleWarnings(id => log.push(`dismiss ${id}`));
+    warnings.add('n1');
+    warnings.add('n2');
+    await warnings.keepRunning('n1', async () => {
+      log.push('POST activity');
+    });
+    expect(log).toEqual(['POST activity', 'dismiss n1']);
+    // the next status: the activity cancelled the idle action; n1 is not dismissed twice
+    expect(warnings.update(idle(3))).toEqual(['n2']);
+  });
+
+  it('"Keep running" leaves the warning when the server did not hear it', async () => {
+    const dismissed: string[] = [];
+    const warnings = new IdleWarnings(id => dismissed.push(id));
+    warnings.add('n1');
+    await expect(
+      warnings.keepRunning('n1', async () => {
+        throw new Error('502: the server did not answer');
+      })
+    ).rejects.toThrow('502');
+    expect(dismissed).toEqual([]);
+    // still near the idle action: it stays; once cancelled, it goes
+    expect(warnings.update(idle(1600))).toEqual([]);
+    expect(warnings.update(idle(0))).toEqual(['n1']);
+  });
+
+  it('dismisses nothing on a status from a server older than idle shutdown', () => {
+    const dismissed: string[] = [];
+    const warnings = new IdleWarnings(id => dismissed.push(id));
+    warnings.add('n1');
+    expect(warnings.update(undefined)).toEqual([]);
+    expect(dismissed).toEqual([]);
+  });
+});
+
+describe('idleCancelled', () => {
+  it('holds when the status says the idle action is not near', () => {
+    expect(idleCancelled(idle(0))).toBe(true);
+    expect(idleCancelled(null)).toBe(true);
+    expect(idleCancelled(idle(1500))).toBe(false);
+    expect(idleCancelled(undefined)).toBe(false);
   });
 });
