@@ -76,3 +76,18 @@ def ledger_url(request, tmp_path):
     if request.param == "sqlite":
         return f"sqlite:///{tmp_path}/ledger.sqlite"
     return request.getfixturevalue("postgres").new_database()
+
+
+#: Debian's Chromium, which `make test` installs (scripts/system-deps)
+CHROMIUM = "/usr/bin/chromium"
+
+
+@pytest.fixture(scope="module")
+def browser():
+    """Chromium driven by Playwright, one per test module."""
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        chromium = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+        yield chromium
+        chromium.close()

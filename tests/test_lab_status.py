@@ -163,16 +163,6 @@ def test_the_server_refuses_a_bad_body_and_marks_only_its_users_notifications(la
     assert billing_notes(lab, "vic")["vic's warning"]["read"] is None
 
 
-@pytest.fixture(scope="module")
-def browser():
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        chromium = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
-        yield chromium
-        chromium.close()
-
-
 def open_lab(browser, hub, name: str):
     page = browser.new_context().new_page()
     page.goto(f"{hub.url}/hub/login")

@@ -56,16 +56,6 @@ def site_hub(hub_factory):
     return hub
 
 
-@pytest.fixture(scope="module")
-def browser():
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        chromium = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
-        yield chromium
-        chromium.close()
-
-
 def sign_in(browser, hub, name: str, password: str = PASSWORD, **context):
     page = browser.new_context(**context).new_page()
     page.goto(f"{hub.url}/hub/login")

@@ -71,16 +71,6 @@ def idle_lab(hub_factory):
     )
 
 
-@pytest.fixture(scope="module")
-def browser():
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        chromium = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
-        yield chromium
-        chromium.close()
-
-
 def sign_up(hub, name: str) -> None:
     """An account with a password and its default role (a first sign-in gives it; the server's
     token draws its scopes from it), and a running debug server."""

@@ -52,16 +52,6 @@ def hub(hub_factory):
     return hub
 
 
-@pytest.fixture(scope="module")
-def browser():
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        chromium = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
-        yield chromium
-        chromium.close()
-
-
 @contextmanager
 def hub_db(hub):
     """The running hub's own SQLite database, committed and closed on leaving."""
