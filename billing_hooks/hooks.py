@@ -50,9 +50,9 @@ async def authorize_spawn(spawner) -> None:
         choice = catalog.parse(spawner.user_options)
     except InvalidChoice as e:
         raise web.HTTPError(400, str(e), reason="Invalid profile") from None
-    refusal = cap_refusal(choice, settings, ledger.currency)
-    if refusal:
-        raise web.HTTPError(400, refusal, reason="Limit too small")
+    too_small = cap_refusal(choice, settings, ledger.currency)
+    if too_small:
+        raise web.HTTPError(400, too_small, reason="Limit too small")
     try:
         wallet = await paying_wallet(spawner, ledger, choice.profile.slug, choice.gpus)
         if wallet is not None and wallet.is_course:

@@ -789,7 +789,7 @@ def session_spent(db: Session, session_ids: list[int]) -> dict[int, int]:
         .where(Entry.session_id.in_(session_ids), Entry.kind == "charge")
         .group_by(Entry.session_id)
     )
-    return {sid: -int(total or 0) for sid, total in rows}
+    return {sid: -int(total or 0) for sid, total in rows if sid is not None}
 
 
 def capped_end(session, spent_micros: int, start: int, end: int, covered) -> int:

@@ -223,7 +223,8 @@ def test_a_hub_with_a_certificate_answers_https(tmp_path, monkeypatch):
 def semester_ledger(url: str) -> tuple[Ledger, FakeClock]:
     """A ledger with one of everything: grants, charged sessions, a pass, an adjustment,
     a refund, notifications, reconciliations, a group with a wallet, an admin, a cap and
-    a queued membership change, and a course with a roster and a student's allowance."""
+    a queued membership change, a course with a roster and a student's allowance, and a
+    session with its own cap that fell back to debug mode (a queued restart)."""
     clock = FakeClock()
     ledger = Ledger(connect(url), clock=clock)
     rate = to_micros("4.50")
@@ -253,6 +254,13 @@ def semester_ledger(url: str) -> tuple[Ledger, FakeClock]:
     ledger.grant("course:ml101", 30 * MICROS, "grant:ml101", "", "cli:root")
     ledger.set_allowance("ml101", 3 * MICROS, "week", None)
     ledger.settle_allowance("ml101", "bo")
+    capped = ledger.open_session(
+        "ann", "gpu", "a800", 1, rate, 60, max_cost_micros=MICROS, max_seconds=3600
+    ).session_id
+    ledger.mark_ready(capped)
+    clock.advance(30)
+    ledger.close_session(capped)
+    ledger.request_restart("ann", "gpu", capped, "user:ann", "cap")
     ledger.record_audit()
     return ledger, clock
 
@@ -293,7 +301,7 @@ def test_migrate_copies_the_ledger_to_postgresql_exactly(tmp_path, postgres):
     posted = moved.grant("bo", MICROS, "grant:bo:after", "", "cli:root")
     assert posted.value.id == before["entries"][-1][0] + 1
     session = moved.open_session("bo", "", "debug", 0, to_micros("0.10"), 60).session_id
-    assert session == 3  # two sessions were copied
+    assert session == 4  # three sessions were copied
     assert moved.audit() == []
     # a second migrate into the now non-empty database is refused, writing nothing
     again = cli("billing", "migrate", "--to", target_url, "--config", str(config), cwd=tmp_path)
@@ -338,6 +346,9 @@ class DeadHub:
 
 class QuietHub:
     """A hub with no servers running: every pass succeeds."""
+
+    #: the servers' last activity as the hub tells it: none reported
+    last_activity: dict = {}
 
     async def running_servers(self):
         return {}

@@ -16,9 +16,9 @@ depends_on = None
 
 
 def upgrade() -> None:
-    with op.batch_alter_table("sessions") as batch:
-        batch.add_column(sa.Column("max_cost_micros", sa.BigInteger(), nullable=True))
-        batch.add_column(sa.Column("max_seconds", sa.BigInteger(), nullable=True))
+    # nullable columns: added in place on SQLite and PostgreSQL alike (no table copy)
+    op.add_column("sessions", sa.Column("max_cost_micros", sa.BigInteger(), nullable=True))
+    op.add_column("sessions", sa.Column("max_seconds", sa.BigInteger(), nullable=True))
     op.create_table(
         "restarts",
         sa.Column("id", sa.Integer(), primary_key=True),
@@ -38,6 +38,6 @@ def upgrade() -> None:
 def downgrade() -> None:
     op.drop_index("ix_restarts_pending", "restarts")
     op.drop_table("restarts")
-    with op.batch_alter_table("sessions") as batch:
-        batch.drop_column("max_seconds")
-        batch.drop_column("max_cost_micros")
+    # SQLite drops a column in place since 3.35 (Debian 12 has 3.40)
+    op.drop_column("sessions", "max_seconds")
+    op.drop_column("sessions", "max_cost_micros")
