@@ -17,8 +17,9 @@ serve: system-deps-serve $(VENV)/.lab-installed $(CHP) $(LAB) $(SERVER_CONFIG)
 test: system-deps-test $(VENV)/.test-installed $(CHP) $(LAB) $(SERVER_CONFIG)
 	$(VENV)/bin/ruff check .
 	cd $(LAB_SRC) && npm run --silent lint && npm test --silent
-	# three workers on two cores: most of a hub test is waiting for its processes
-	$(VENV)/bin/pytest -n 3 --dist loadfile --durations=15
+	# four workers on two cores: most of a hub test is waiting for its processes and its
+	# timers (meter passes, idle timeouts); three took 15 min here, four 13
+	$(VENV)/bin/pytest -n 4 --dist loadfile --durations=15
 
 # in-process hub tests: no proxy, no JupyterLab servers; seconds, not minutes
 test-fast: $(VENV)/.test-installed

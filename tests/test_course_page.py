@@ -22,12 +22,9 @@ import requests
 
 from meterhub.hub.course_pages import launch_link
 
-from . import test_pages
 from .hubprocess import ADMIN_TOKEN, until
 from .test_group_page import meterhub, sign_in
 from .test_pages import CHROMIUM, PASSWORD, fits_a_phone, shot
-
-browser = test_pages.browser
 
 pytestmark = pytest.mark.skipif(
     not Path(CHROMIUM).exists(), reason="Chromium is installed by `make test`"

@@ -17,13 +17,9 @@ from pathlib import Path
 import pytest
 import requests
 
-from . import test_pages
 from .clirun import run_cli
 from .hubprocess import ADMIN_TOKEN, until
 from .test_pages import CHROMIUM, PASSWORD, admin_password, fits_a_phone, session_of, shot
-
-#: the Chromium fixture, shared with test_pages
-browser = test_pages.browser
 
 pytestmark = pytest.mark.skipif(
     not Path(CHROMIUM).exists(), reason="Chromium is installed by `make test`"

@@ -23,11 +23,8 @@ from cryptography.hazmat.primitives.asymmetric import rsa
 from meterhub.billing_hooks.db import connect
 from meterhub.billing_hooks.ledger import Ledger
 
-from . import test_pages
 from .hubprocess import until
 from .test_pages import CHROMIUM
-
-browser = test_pages.browser
 
 pytestmark = pytest.mark.skipif(
     not Path(CHROMIUM).exists(), reason="Chromium is installed by `make test`"
