@@ -167,6 +167,42 @@ def run_groups(url_a: str, url_b: str, users: int, sessions: int, rounds: int, g
     )
 
 
+def run_idle(url_a: str, url_b: str, users: int, sessions: int, rounds: int) -> None:
+    """The meter pass without idle checks and session caps vs with both, side by side: the
+    idle policy checked for every running session (the catalog's), and a tenth of them
+    capped by their users ("stop after ¥X", far above what a pass charges)."""
+    from sqlalchemy import update
+
+    from meterhub.billing_hooks.orm import MeteredSession
+    from meterhub.spawner.catalog import Catalog
+
+    clock_a, clock_b = FakeClock(), FakeClock()
+    plain, idle = Ledger(connect(url_a), clock=clock_a), Ledger(connect(url_b), clock=clock_b)
+    plain_servers = populate(plain, users, sessions)
+    idle_servers = populate(idle, users, sessions)
+    with idle.begin() as db:
+        db.execute(
+            update(MeteredSession)
+            .where(MeteredSession.id % 10 == 0)
+            .values(max_cost_micros=10**11, max_seconds=720 * 3600)
+        )
+    meters = (
+        Meter(plain, hub=None, interval_seconds=60, clock=clock_a),
+        Meter(idle, hub=None, interval_seconds=60, clock=clock_b, catalog=Catalog()),
+    )
+    times: tuple[list[float], list[float]] = ([], [])
+    for _ in range(rounds):
+        times[0].append(meter_pass(meters[0], plain_servers, clock_a))
+        times[1].append(meter_pass(meters[1], idle_servers, clock_b))
+    assert plain.audit() == [] and idle.audit() == []
+    a, b = statistics.median(times[0]), statistics.median(times[1])
+    print(
+        f"idle: meter pass without idle checks or caps {a * 1000:.1f} ms, with the idle check"
+        f" of {sessions} sessions and {sessions // 10} capped {b * 1000:.1f} ms,"
+        f" ratio {b / a:.2f}"
+    )
+
+
 def run(name: str, url: str, users: int, sessions: int, rounds: int) -> None:
     clock = FakeClock()
     ledger = Ledger(connect(url), clock=clock)
@@ -276,6 +312,9 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--hub", action="store_true", help="also measure the hub API's p95")
     parser.add_argument("--groups", type=int, default=0, help="also: group wallets with caps")
+    parser.add_argument(
+        "--idle", action="store_true", help="also: idle checks and session caps, side by side"
+    )
     parser.add_argument("--phases", type=int, default=4)
     parser.add_argument("--seconds", type=float, default=10.0, help="length of each phase")
     args = parser.parse_args()
@@ -288,6 +327,9 @@ def main() -> None:
         if args.groups:
             a, b = f"sqlite:///{tmp}/plain.sqlite", f"sqlite:///{tmp}/groups.sqlite"
             run_groups(a, b, args.users, args.sessions, args.rounds, args.groups)
+        if args.idle:
+            a, b = f"sqlite:///{tmp}/plain-idle.sqlite", f"sqlite:///{tmp}/idle.sqlite"
+            run_idle(a, b, args.users, args.sessions, args.rounds)
     from tests.postgres import PostgresCluster
 
     cluster = PostgresCluster()
