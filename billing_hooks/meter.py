@@ -394,6 +394,9 @@ class Meter:
         now = self.clock()
         gone = set(gone)
         result = PassResult()
+        self._policies: dict = {}
+        if self.catalog is not None:
+            self._policies["warn"] = self.catalog.idle_warn_seconds
         ready = []
         for session in self.ledger.open_session_rows():
             where = (session.user_name, session.server_name)
@@ -450,6 +453,14 @@ class Meter:
                 self._check_idle(view, session, (activity or {}), now, result)
         return result
 
+    def _policy(self, profile: str):
+        """The profile's idle policy, read from the catalog once a pass (traitlets are slow
+        to read a thousand times)."""
+        found = self._policies.get(profile)
+        if found is None:
+            found = self._policies[profile] = self.catalog.idle(profile)
+        return found
+
     def _label(self, session) -> str:
         """ "1 × A800", "debug mode (no GPU)": how the spawn page named the choice."""
         if self.catalog is not None:
@@ -482,13 +493,13 @@ class Meter:
         terminals, changes, busy GPUs) since max(last activity, ready)."""
         if self.catalog is None or session.ready_at is None:
             return
-        policy = self.catalog.idle(session.profile)
+        policy = self._policy(session.profile)
         limit = policy.idle_seconds
         if limit <= 0:
             return
         last = max(activity.get((session.user_name, session.server_name), 0), session.ready_at)
         idle = now - last
-        warn = self.catalog.idle_warn_seconds
+        warn = self._policies["warn"]
         if idle < limit - warn:
             return
         label = self._label(session)
@@ -578,7 +589,7 @@ class Meter:
             if part
         )
         server = f"server {session.server_name!r}" if session.server_name else "server"
-        action = self.catalog.idle(session.profile).on_cap if self.catalog else "stop"
+        action = self._policy(session.profile).on_cap if self.catalog else "stop"
         debug = action == "debug" and session.gpus > 0
         if due:
             restarted = self._fall_back(view, session, "cap", action, result)

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, NamedTuple, cast
 
-from sqlalchemy import Table, and_, case, func, or_, select
+from sqlalchemy import Table, and_, bindparam, case, func, or_, select
 
 from .money import window_charge
 from .orm import MeteredSession, Pass, Wallet
@@ -107,15 +107,21 @@ def _write_balances(conn, balances: dict[int, int]) -> None:
         conn.exec_driver_sql(SQLITE_SET_BALANCES, [(b, w) for w, b in balances.items()])
 
 
-@dataclass
-class _Ready:
-    """A batch row with its ready time (now, for a session the hub could not note ready)."""
+class Running(NamedTuple):
+    """A session the batch charged, with its ready time (now, for one the hub could not note
+    ready) and its user's caps: what the idle and cap checks read."""
 
-    row: Any
+    id: int
+    wallet_id: int
+    user_name: str
+    server_name: str
+    profile: str
+    gpus: int
+    rate_micros_per_hour: int
     ready_at: int
-
-    def __getattr__(self, name):
-        return getattr(self.row, name)
+    metered_through: int | None
+    max_cost_micros: int | None
+    max_seconds: int | None
 
 
 class MeterBatch:
@@ -201,7 +207,7 @@ class MeterBatch:
             views: dict[int, WalletView] = {}
             entries = []
             for session in sessions:
-                sid, wid, _user, _server, profile, gpus, rate, ready_at, metered = session[:9]
+                sid, wid, user, server, profile, gpus, rate, ready_at, metered = session[:9]
                 if ready_at is None:  # ready now: charging starts here
                     ready = start = now
                 else:
@@ -211,11 +217,11 @@ class MeterBatch:
                     covering = [p for p in passes[wid] if p.profile == profile and p.gpus >= gpus]
                 end = max(start, now)
                 wallet = wallets[wid]
+                running = Running(sid, wid, user, server, profile, gpus, rate, ready, metered,
+                                  *session[9:11])  # fmt: skip
                 if sid in capped_ids:
                     intervals = [(p.starts_at, p.ends_at) for p in covering or ()]
-                    end = capped_end(
-                        _Ready(session, ready), spent.get(sid, 0), start, end, intervals
-                    )
+                    end = capped_end(running, spent.get(sid, 0), start, end, intervals)
                     capped_through[sid] = end
                 if end > start:
                     if covering:
@@ -231,11 +237,9 @@ class MeterBatch:
                 view = views.get(wid)
                 if view is None:
                     view = views[wid] = WalletView(wallet[0], 0, [], [], wallet[2])
-                view.sessions.append(_Ready(session, ready))
+                view.sessions.append(running)
                 if sid in capped_through:
-                    view.capped.append(
-                        (_Ready(session, ready), spent.get(sid, 0), capped_through[sid])
-                    )
+                    view.capped.append((running, spent.get(sid, 0), capped_through[sid]))
                 if not covering:
                     view.paying.append(session)
                 elif not any(p.starts_at <= now < p.ends_at for p in covering):
@@ -250,18 +254,22 @@ class MeterBatch:
                 if len(sessions) < len(in_range_rows):
                     charged = and_(in_range, S.c.id.in_([s.id for s in sessions]))
                 if capped_through:
-                    # a capped session is metered only up to its cap: one statement each
+                    # a capped session is metered only up to its cap: one statement for
+                    # them all, executed for each (the driver's executemany)
                     charged = and_(charged, S.c.id.notin_(list(capped_through)))
-                    for sid, through in capped_through.items():
-                        conn.execute(
-                            S.update()
-                            .where(S.c.id == sid)
-                            .values(
-                                ready_at=func.coalesce(S.c.ready_at, now),
-                                metered_through=through,
-                                last_seen_running=now,
-                            )
-                        )
+                    conn.execute(
+                        S.update()
+                        .where(S.c.id == bindparam("b_id"))
+                        .values(
+                            ready_at=func.coalesce(S.c.ready_at, bindparam("b_now")),
+                            metered_through=bindparam("b_through"),
+                            last_seen_running=bindparam("b_now"),
+                        ),
+                        [
+                            {"b_id": sid, "b_through": through, "b_now": now}
+                            for sid, through in capped_through.items()
+                        ],
+                    )
                 conn.execute(
                     S.update()
                     .where(charged)
