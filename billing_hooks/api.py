@@ -45,6 +45,7 @@ from .money import (
     seconds_covered,
 )
 from .orm import Entry, MeteredSession
+from .postings import cap_left_seconds, cap_phrase
 from .scopes import administers, instructs, is_billing_admin, may_spend, teaches
 from .settings import priced_catalog
 from .wallets import GROUP_NAME, fold
@@ -121,38 +122,15 @@ def cap_json(session: MeteredSession, cost: int, now: int, currency: str) -> dic
     left of it: money, and seconds at its rate (the sooner of the two); None: no cap."""
     if session.max_cost_micros is None and session.max_seconds is None:
         return None
-    lefts = []
-    cost_left = None
-    if session.ready_at is not None and session.max_seconds is not None:
-        lefts.append(max(0, session.ready_at + session.max_seconds - now))
-    if session.max_cost_micros is not None:
-        cost_left = max(0, session.max_cost_micros - cost)
-        covered = seconds_covered(cost_left, session.rate_micros_per_hour)
-        if covered is not None and session.ready_at is not None:
-            # what the meter has not charged yet is spent already
-            unbilled = max(0, now - (session.metered_through or now))
-            lefts.append(max(0, covered - unbilled))
+    left = None if session.ready_at is None else cap_left_seconds(session, cost, now)
+    cap = session.max_cost_micros
     return {
-        "max_cost": None if session.max_cost_micros is None else _money(session.max_cost_micros),
+        "max_cost": None if cap is None else _money(cap),
         "max_hours": None if session.max_seconds is None else session.max_seconds // 3600,
-        "cost_left": None if cost_left is None else _money(cost_left),
-        "left_seconds": min(lefts) if lefts else None,
-        "summary": cap_phrase(session, cost, currency),
+        "cost_left": None if cap is None else _money(max(0, cap - cost)),
+        "left_seconds": None if left is None else max(0, left),
+        "summary": cap_phrase(session, currency, cost),
     }
-
-
-def cap_phrase(session: MeteredSession, cost: int, currency: str) -> str:
-    """The cap as the Wallet page says it: "stop after ¥12.00 (¥3.40 left) or 3 h"."""
-    parts = []
-    if session.max_cost_micros is not None:
-        left = max(0, session.max_cost_micros - cost)
-        parts.append(
-            f"{format_money(session.max_cost_micros, currency)}"
-            f" ({format_money(left, currency)} left)"
-        )
-    if session.max_seconds is not None:
-        parts.append(format_duration(session.max_seconds))
-    return "stop after " + " or ".join(parts)
 
 
 def _session_json(session: MeteredSession, cost: int) -> dict:

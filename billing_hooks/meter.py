@@ -32,6 +32,7 @@ from .courses import lab_phrase
 from .groups import RUNWAY_DAYS, AlertFacts, CapState, runway_phrase
 from .ledger import Ledger
 from .money import SECONDS_PER_HOUR, format_duration, format_money, seconds_covered, to_micros
+from .postings import cap_left_seconds, cap_phrase
 from .restarts import wallet_option
 from .wallets import period_phrase
 
@@ -71,8 +72,7 @@ class PassResult:
     #: (user, server, reason) stopped to start again in debug mode on the same disk (the
     #: hub starts it: hub/restarts.py): idle, a session cap, a lab window's end
     to_debug: list[tuple[str, str, str]] = field(default_factory=list)
-    #: (user, server) stopped for being idle, and for reaching their user's cap
-    idle: list[tuple[str, str]] = field(default_factory=list)
+    #: (user, server) stopped for reaching the cap its user set
     capped: list[tuple[str, str]] = field(default_factory=list)
 
 
@@ -220,6 +220,9 @@ class Meter:
         #: the profiles' idle policies and labels (spawner.catalog.Catalog); None: no
         #: server is ever idle (tests of other things)
         self.catalog = catalog
+        #: each profile's idle policy, read once (traitlets are slow to read per session)
+        self.policies = {} if catalog is None else {s: catalog.idle(s) for s in catalog.slugs()}
+        self.idle_warn_seconds = 0 if catalog is None else catalog.idle_warn_seconds
         #: group balances under which group admins are told (each once per top-up)
         self.alert_balances_micros = sorted(alert_balances_micros or [], reverse=True)
         #: group admins are told when the runway at the last 7 days' burn falls under this
@@ -394,9 +397,6 @@ class Meter:
         now = self.clock()
         gone = set(gone)
         result = PassResult()
-        self._policies: dict = {}
-        if self.catalog is not None:
-            self._policies["warn"] = self.catalog.idle_warn_seconds
         ready = []
         for session in self.ledger.open_session_rows():
             where = (session.user_name, session.server_name)
@@ -447,19 +447,20 @@ class Meter:
         for facts in self.ledger.alert_facts(groups, now):
             self._group_alerts(facts, result)
         for view in views.values():
-            for session, spent, through in view.capped:
-                self._check_session_cap(view, session, spent, through, now, result)
+            for session, spent in view.capped:
+                self._check_session_cap(view, session, spent, now, result)
+        # a server already being stopped (credit, caps, a lab's end) is not idle on top
+        stopping = {*result.to_stop, *((u, s) for u, s, _ in result.to_debug)}
+        for view in views.values():
             for session in view.sessions:
-                self._check_idle(view, session, (activity or {}), now, result)
+                if (session.user_name, session.server_name) not in stopping:
+                    self._check_idle(view, session, activity or {}, now, result)
         return result
 
     def _policy(self, profile: str):
-        """The profile's idle policy, read from the catalog once a pass (traitlets are slow
-        to read a thousand times)."""
-        found = self._policies.get(profile)
-        if found is None:
-            found = self._policies[profile] = self.catalog.idle(profile)
-        return found
+        """The profile's idle policy (one the catalog no longer lists: the defaults)."""
+        found = self.policies.get(profile)
+        return found if found is not None else self.catalog.idle(profile)
 
     def _label(self, session) -> str:
         """ "1 × A800", "debug mode (no GPU)": how the spawn page named the choice."""
@@ -499,8 +500,7 @@ class Meter:
             return
         last = max(activity.get((session.user_name, session.server_name), 0), session.ready_at)
         idle = now - last
-        warn = self._policies["warn"]
-        if idle < limit - warn:
+        if idle < limit - self.idle_warn_seconds:
             return
         label = self._label(session)
         currency = self.ledger.currency
@@ -509,7 +509,6 @@ class Meter:
         debug = policy.on_idle == "debug" and session.gpus > 0
         if idle >= limit:
             restarted = self._fall_back(view, session, "idle", policy.on_idle, result)
-            result.idle.append((session.user_name, session.server_name))
             if restarted:
                 debug_rate = self._debug_rate()
                 message = (
@@ -554,44 +553,20 @@ class Meter:
         except Exception:
             return "debug mode"
 
-    def _check_session_cap(
-        self, view, session, spent: int, through: int, now: int, result: PassResult
-    ) -> None:
+    def _check_session_cap(self, view, session, spent: int, now: int, result: PassResult):
         """Stop (or restart in debug mode) a session at the cap its user set ("stop after
         ¥X / N hours"); warn at `warn_minutes` before. Charging never passes the cap
         (billing_hooks.postings.capped_end), and the time after it is not charged, so the
         stop is asked for one meter interval ahead: at the last pass before the cap."""
-        currency = self.ledger.currency
-        lefts = []
-        if session.max_seconds is not None:
-            lefts.append(session.ready_at + session.max_seconds - now)
-        if session.max_cost_micros is not None:
-            if through < now:
-                lefts.append(through - now)  # charging stopped short: the cap is reached
-            else:
-                covered = seconds_covered(
-                    session.max_cost_micros - spent, session.rate_micros_per_hour
-                )
-                if covered is not None:
-                    lefts.append(covered)
-        if not lefts:
+        left = cap_left_seconds(session, spent, now)
+        if left is None:
             return
-        left = min(lefts)
-        # the next pass would come after the cap: stop now (the user pays to the stop)
-        due = left <= self.interval_seconds
-        caps = " and ".join(
-            part
-            for part in (
-                session.max_cost_micros is not None
-                and f"{format_money(session.max_cost_micros, currency)}",
-                session.max_seconds is not None and format_duration(session.max_seconds),
-            )
-            if part
-        )
+        currency = self.ledger.currency
+        caps = cap_phrase(session, currency)
         server = f"server {session.server_name!r}" if session.server_name else "server"
         action = self._policy(session.profile).on_cap if self.catalog else "stop"
-        debug = action == "debug" and session.gpus > 0
-        if due:
+        # the next pass would come after the cap: stop now (the user pays to the stop)
+        if left <= self.interval_seconds:
             restarted = self._fall_back(view, session, "cap", action, result)
             result.capped.append((session.user_name, session.server_name))
             self.ledger.notify(
@@ -599,7 +574,7 @@ class Meter:
                 f"session-cap:{session.id}",
                 "restarted" if restarted else "stopped",
                 f"Your {server} ({self._label(session)}) came to the limit you set for it"
-                f" (stop after {caps}), so it was "
+                f" ({caps}), so it was "
                 + (
                     "restarted in debug mode on the same disk. Your files are there."
                     if restarted
@@ -609,7 +584,7 @@ class Meter:
                 " your limit.",
             )
             return
-        then = "restarts in debug mode" if debug else "stops"
+        then = "restarts in debug mode" if action == "debug" and session.gpus else "stops"
         for minutes in self.warn_minutes:
             if left <= minutes * 60:
                 key = f"warn-session-cap:{session.id}:{minutes}"
@@ -617,7 +592,7 @@ class Meter:
                     session.user_name,
                     key,
                     "cap-warning",
-                    f"Your {server} reaches the limit you set for it (stop after {caps}) in"
+                    f"Your {server} reaches the limit you set for it ({caps}) in"
                     f" {format_duration(left)} and {then} then; it has cost"
                     f" {format_money(spent, currency)} so far. Your files are kept.",
                 ):

@@ -16,7 +16,7 @@ from sqlalchemy import Table, and_, bindparam, case, func, or_, select
 
 from .money import window_charge
 from .orm import MeteredSession, Pass, Wallet
-from .postings import METER, capped_end, session_spent, window_amount
+from .postings import METER, capped_end, session_cost, window_amount
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
@@ -38,8 +38,8 @@ class WalletView:
     paying: list
     ended_passes: list
     kind: str = "user"
-    #: (session row, spent micros after this pass, metered through) of sessions with a
-    #: user's cap ("stop after ¥X / N hours") that this wallet pays for
+    #: (session, what it has cost after this pass) of the sessions with a user's cap ("stop
+    #: after ¥X / N hours") that this wallet pays for; metered through where the cap let it
     capped: list = field(default_factory=list)
     #: every running session charged to this wallet in the pass (passes' too)
     sessions: list = field(default_factory=list)
@@ -109,7 +109,8 @@ def _write_balances(conn, balances: dict[int, int]) -> None:
 
 class Running(NamedTuple):
     """A session the batch charged, with its ready time (now, for one the hub could not note
-    ready) and its user's caps: what the idle and cap checks read."""
+    ready), where the pass leaves it metered through, and its user's caps: what the idle
+    and cap checks read."""
 
     id: int
     wallet_id: int
@@ -119,7 +120,7 @@ class Running(NamedTuple):
     gpus: int
     rate_micros_per_hour: int
     ready_at: int
-    metered_through: int | None
+    metered_through: int
     max_cost_micros: int | None
     max_seconds: int | None
 
@@ -194,11 +195,7 @@ class MeterBatch:
                 ).all()
                 wallets = {row[1]: list(row[width : width + 3]) for row in in_range_rows}
             sessions = [s for s in in_range_rows if s[0] in wanted]
-            capped_ids = {
-                s.id for s in sessions if s.max_cost_micros is not None or s.max_seconds is not None
-            }
-            # the few sessions with a user's cap: what they spent so far (one query)
-            spent = session_spent(db, sorted(capped_ids))
+            #: {session id: metered through} of the sessions their users capped
             capped_through: dict[int, int] = {}
             passes: dict[int, list] = {}
             for held in conn.execute(select(P).where(P.c.wallet_id.in_(owners))):
@@ -217,29 +214,27 @@ class MeterBatch:
                     covering = [p for p in passes[wid] if p.profile == profile and p.gpus >= gpus]
                 end = max(start, now)
                 wallet = wallets[wid]
-                running = Running(sid, wid, user, server, profile, gpus, rate, ready, metered,
+                intervals = [(p.starts_at, p.ends_at) for p in covering or ()]
+                running = Running(sid, wid, user, server, profile, gpus, rate, ready, end,
                                   *session[9:11])  # fmt: skip
-                if sid in capped_ids:
-                    intervals = [(p.starts_at, p.ends_at) for p in covering or ()]
-                    end = capped_end(running, spent.get(sid, 0), start, end, intervals)
-                    capped_through[sid] = end
+                capped = running.max_cost_micros is not None or running.max_seconds is not None
+                if capped:
+                    end = capped_through[sid] = capped_end(running, start, end, intervals)
+                    running = running._replace(metered_through=max(start, end))
                 if end > start:
                     if covering:
-                        intervals = [(p.starts_at, p.ends_at) for p in covering]
                         amount = window_amount(rate, ready, start, end, intervals)
                     else:
                         amount = -window_charge(rate, ready, start, end)
                     balance = wallet[1] = wallet[1] + amount
                     key = f"charge:{sid}:{start}-{end}"
                     entries.append((wid, amount, balance, key, sid, start, end, METER, now))
-                    if sid in capped_through:
-                        spent[sid] = spent.get(sid, 0) - amount
                 view = views.get(wid)
                 if view is None:
                     view = views[wid] = WalletView(wallet[0], 0, [], [], wallet[2])
                 view.sessions.append(running)
-                if sid in capped_through:
-                    view.capped.append((running, spent.get(sid, 0), capped_through[sid]))
+                if capped:
+                    view.capped.append((running, session_cost(running, end, intervals)))
                 if not covering:
                     view.paying.append(session)
                 elif not any(p.starts_at <= now < p.ends_at for p in covering):

@@ -23,7 +23,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
 from .clock import utcnow
-from .money import MICROS, accrued, format_money, window_charge
+from .money import MICROS, accrued, format_duration, format_money, seconds_covered, window_charge
 from .orm import (
     Entry,
     GroupSettings,
@@ -505,9 +505,7 @@ class Postings:
         start = session.metered_through
         assert start is not None  # set together with ready_at
         covered = covering_passes(db, session)
-        if session.max_cost_micros is not None or session.max_seconds is not None:
-            spent = session_spent(db, [session.id]).get(session.id, 0)
-            end = capped_end(session, spent, start, end, covered)
+        end = capped_end(session, start, end, covered)
         if end <= start:
             return None
         amount = window_amount(
@@ -780,42 +778,62 @@ def window_amount(
     )
 
 
-def session_spent(db: Session, session_ids: list[int]) -> dict[int, int]:
-    """What each session's charges took so far (positive micros), by session id."""
-    if not session_ids:
-        return {}
-    rows = db.execute(
-        select(Entry.session_id, func.sum(Entry.amount_micros))
-        .where(Entry.session_id.in_(session_ids), Entry.kind == "charge")
-        .group_by(Entry.session_id)
+def session_cost(session, until: int, covered) -> int:
+    """What the session's charges add up to once it is metered through `until` (positive
+    micros): its windows telescope from ready, passes' time excluded, and passes never
+    change once bought, so no entry need be read."""
+    return -window_amount(
+        session.rate_micros_per_hour, session.ready_at, session.ready_at, until, covered
     )
-    return {sid: -int(total or 0) for sid, total in rows if sid is not None}
 
 
-def capped_end(session, spent_micros: int, start: int, end: int, covered) -> int:
+def capped_end(session, start: int, end: int, covered) -> int:
     """Where charging [start, end) must stop for the session's own caps: never after
     `max_seconds` from ready, never past `max_cost_micros` in all (the last whole second
     that fits: the session costs exactly its cap whenever the cap buys whole seconds)."""
     if session.max_seconds is not None:
         end = min(end, session.ready_at + session.max_seconds)
-    if session.max_cost_micros is None or end <= start:
+    cap = session.max_cost_micros
+    if cap is None or end <= start or session_cost(session, end, covered) <= cap:
         return max(start, end)
-    budget = session.max_cost_micros - spent_micros
-    rate, ready = session.rate_micros_per_hour, session.ready_at
-
-    def cost(until: int) -> int:
-        return -window_amount(rate, ready, start, until, covered)
-
-    if cost(end) <= budget:
-        return end
-    low, high = start, end  # cost(low) <= budget < cost(high)
+    low, high = start, end  # cost(low) <= cap < cost(high)
     while high - low > 1:
         middle = (low + high) // 2
-        if cost(middle) <= budget:
+        if session_cost(session, middle, covered) <= cap:
             low = middle
         else:
             high = middle
     return low
+
+
+def cap_left_seconds(session, spent_micros: int, now: int) -> int | None:
+    """Seconds until the session's own caps stop it, at its rate (negative: past; None: no
+    cap that time runs down). The time since it was last metered is spent already."""
+    lefts = []
+    if session.max_seconds is not None:
+        lefts.append(session.ready_at + session.max_seconds - now)
+    if session.max_cost_micros is not None:
+        covered = seconds_covered(
+            session.max_cost_micros - spent_micros, session.rate_micros_per_hour
+        )
+        if covered is not None:
+            lefts.append(covered - (now - (session.metered_through or now)))
+    return min(lefts) if lefts else None
+
+
+def cap_phrase(session, currency: str, spent_micros: int | None = None) -> str:
+    """ "stop after ¥12.00 (¥3.40 left) or 3 h": the caps a user set, as pages and
+    notifications say them."""
+    parts = []
+    if session.max_cost_micros is not None:
+        money = format_money(session.max_cost_micros, currency)
+        if spent_micros is not None:
+            left = format_money(max(0, session.max_cost_micros - spent_micros), currency)
+            money += f" ({left} left)"
+        parts.append(money)
+    if session.max_seconds is not None:
+        parts.append(format_duration(session.max_seconds))
+    return "stop after " + " or ".join(parts)
 
 
 def covering_passes(db: Session, session: MeteredSession) -> list[tuple[int, int]]:

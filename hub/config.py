@@ -568,18 +568,17 @@ def apply_spawner_config(site: dict, c: Config) -> Config:
 
 
 def idle_policies(site: dict) -> dict[str, dict]:
-    """Each profile's idle timeout (seconds), idle action and cap action, from
-    `profiles.<slug>.idle_minutes`, `on_idle` and `on_cap` (pure)."""
+    """What the site sets of each profile's idle timeout (seconds), idle action and cap
+    action (`profiles.<slug>.idle_minutes`, `on_idle`, `on_cap`); the catalog has the
+    defaults (Catalog.idle). Pure."""
     policies = {}
-    for slug in (DEBUG, *merge_gpu_types(site.get("gpu_types"))):
-        profile = site["profiles"].get(slug, {})
-        minutes = profile.get("idle_minutes", 240 if slug == DEBUG else 30)
-        policies[slug] = {
+    for slug, profile in site["profiles"].items():
+        policy = {key: profile[key] for key in ("on_idle", "on_cap") if key in profile}
+        if "idle_minutes" in profile:
             # exact for fractions written in decimal (0.1 min = 6 s), never binary
-            "idle_seconds": int(Decimal(str(minutes)) * 60),
-            "on_idle": profile.get("on_idle", "stop"),
-            "on_cap": profile.get("on_cap", "stop"),
-        }
+            policy["idle_seconds"] = int(Decimal(str(profile["idle_minutes"])) * 60)
+        if policy:
+            policies[slug] = policy
     return policies
 
 

@@ -29,3 +29,18 @@ def memory_engine():
 def make_ledger(**kwargs) -> tuple[Ledger, FakeClock]:
     clock = kwargs.pop("clock", None) or FakeClock()
     return Ledger(kwargs.pop("engine", None) or memory_engine(), clock=clock, **kwargs), clock
+
+
+def charge_totals(db, session_ids) -> dict[int, int]:
+    """What each session's charge entries took (positive micros), read from the entries
+    themselves: the ground truth the meter's derived costs are checked against."""
+    from sqlalchemy import func, select
+
+    from meterhub.billing_hooks.orm import Entry
+
+    rows = db.execute(
+        select(Entry.session_id, func.sum(Entry.amount_micros))
+        .where(Entry.session_id.in_(list(session_ids)), Entry.kind == "charge")
+        .group_by(Entry.session_id)
+    )
+    return {sid: -int(total) for sid, total in rows}

@@ -43,10 +43,9 @@ from meterhub.billing_hooks.ledger import CapReached, InsufficientCredit
 from meterhub.billing_hooks.meter import Meter
 from meterhub.billing_hooks.money import MICROS, accrued, to_micros
 from meterhub.billing_hooks.orm import Entry, MeteredSession, Wallet
-from meterhub.billing_hooks.postings import session_spent
 from meterhub.billing_hooks.wallets import period_start
 
-from .billing_support import make_ledger
+from .billing_support import charge_totals, make_ledger
 
 SEEDS = int(os.environ.get("METERHUB_SIM_SEEDS", "120"))
 PG_SEEDS = int(os.environ.get("METERHUB_SIM_PG_SEEDS", "10"))
@@ -381,7 +380,7 @@ def check(ledger, granted, known, captured, caps, now, seed, step):
         for session_id, wallet_id in charges:
             assert wallet_id == by_id[session_id].wallet_id, f"seed {seed} step {step}"
         # a session's own caps are never passed: not its money, not its hours
-        spent = session_spent(db, [s.id for s in sessions])
+        spent = charge_totals(db, [s.id for s in sessions])
         for s in sessions:
             where = f"seed {seed} step {step}: session {s.id}'s own cap"
             if s.max_cost_micros is not None:

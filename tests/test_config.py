@@ -8,6 +8,7 @@ import pytest
 from traitlets.config import Config
 
 from meterhub.hub.config import ClaimGroups, ConfigError, apply_config, load_site_config
+from meterhub.spawner.catalog import IdlePolicy
 
 
 def write(tmp_path, text) -> Path:
@@ -344,3 +345,29 @@ def test_group_settings_reach_billing_the_hub_and_the_spawners(tmp_path):
     assert c.Catalog.extra_options == ["wallet"]
     with pytest.raises(ConfigError, match="groups"):
         load_site_config(write(tmp_path, "groups: {sync_interval_seconds: 0}"))
+
+
+def test_idle_and_stopping_reach_the_catalog_billing_and_both_spawners(tmp_path):
+    """What docs/idle.md promises of the config: per-profile idle policies (fractions of a
+    minute exact, the rest the catalog's defaults), proxy traffic not taken for activity,
+    and one grace period for the local stop, the pod and billing's cap minimum."""
+    from meterhub.billing_hooks.settings import BillingSettings
+    from meterhub.spawner.catalog import Catalog
+
+    path = tmp_path / "meterhub.yaml"
+    path.write_text(
+        "profiles:\n  a800: {idle_minutes: 0.1, on_idle: debug}\n  debug: {on_cap: stop}\n"
+        "idle: {warn_minutes: 0.5, check_interval_seconds: 7, gpu_busy_percent: 12}\n"
+        "stop_grace_seconds: 9\n"
+    )
+    c = apply_config(load_site_config(path, cwd=str(tmp_path)), Config())
+    catalog = Catalog(config=c)
+    assert catalog.idle("a800") == IdlePolicy(6, "debug", "stop")
+    assert catalog.idle("debug") == IdlePolicy(14400, "stop", "stop")  # the default time
+    assert catalog.idle("h800") == IdlePolicy(1800, "stop", "stop")
+    assert catalog.idle_env("a800")["JUPYTERHUB_ACTIVITY_INTERVAL"] == "7"
+    assert catalog.idle_env("a800")["METERHUB_GPU_BUSY_PERCENT"] == "12"
+    assert catalog.idle_warn_seconds == 30
+    assert c.JupyterHub.last_activity_interval == 0
+    assert c.LocalGPUSpawner.stop_grace_seconds == c.KubeGPUSpawner.delete_grace_period == 9
+    assert BillingSettings(config=c).stop_grace_seconds == 9

@@ -15,8 +15,8 @@ import requests
 from meterhub.billing_hooks.db import connect
 from meterhub.billing_hooks.ledger import Ledger
 from meterhub.billing_hooks.money import accrued, to_micros
-from meterhub.billing_hooks.postings import session_spent
 
+from .billing_support import charge_totals
 from .hubprocess import until
 from .test_authz_matrix import process_env
 
@@ -53,7 +53,7 @@ def idle_hub(hub_factory):
 def charges(ledger: Ledger, session_id: int) -> int:
     """What the session's charge entries took (positive micros)."""
     with ledger.begin() as db:
-        return session_spent(db, [session_id]).get(session_id, 0)
+        return charge_totals(db, [session_id]).get(session_id, 0)
 
 
 def closed(ledger: Ledger, user: str, profile: str):
