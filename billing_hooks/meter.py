@@ -186,7 +186,7 @@ def _epoch(timestamp: str | None) -> int | None:
     if not timestamp:
         return None
     try:
-        at = datetime.fromisoformat(timestamp.replace("Z", "+00:00"))
+        at = datetime.fromisoformat(timestamp)  # Python 3.11 reads the "Z"
     except ValueError:
         return None
     if at.tzinfo is None:
