@@ -23,19 +23,19 @@ FEB_1 = int(datetime.datetime(2027, 2, 1, tzinfo=datetime.UTC).timestamp())
 
 
 class FakeHub:
-    """Which servers run (all ready) and which the meter asked to stop."""
+    """Which servers run (all ready), when each was last active, and which the meter asked
+    to stop (a stop takes effect at once)."""
 
     def __init__(self):
         self.servers: dict[tuple[str, str], bool] = {}
+        #: {(user, server): epoch} of the servers' last activity as the hub tells it
+        self.last_activity: dict[tuple[str, str], int] = {}
         self.stop_requests: list[tuple[str, str]] = []
         self.http = self  # the meter POSTs group alerts with the hub client's HTTP client
         self.posted: list[str] = []
 
     async def fetch(self, request):
         self.posted.append(request.url)
-
-    #: the servers' last activity as the hub tells it: none reported
-    last_activity: dict = {}
 
     async def running_servers(self):
         return dict(self.servers)

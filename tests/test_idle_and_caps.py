@@ -15,28 +15,10 @@ from meterhub.billing_hooks.restarts import wallet_option
 from meterhub.spawner.catalog import Catalog
 
 from .billing_support import make_ledger
+from .test_groups_ledger import FakeHub
 
 A800 = to_micros("4.50")
 DEBUG = to_micros("0.10")
-
-
-class FakeHub:
-    """Which servers run (all ready), when each was last active, and what was stopped."""
-
-    def __init__(self):
-        self.servers: dict[tuple[str, str], bool] = {}
-        self.last_activity: dict[tuple[str, str], int] = {}
-        self.stop_requests: list[tuple[str, str]] = []
-
-    async def running_servers(self):
-        return dict(self.servers)
-
-    async def user_servers(self, user):
-        return {n: r for (u, n), r in self.servers.items() if u == user} or None
-
-    async def stop_server(self, user, server_name):
-        self.stop_requests.append((user, server_name))
-        self.servers.pop((user, server_name), None)
 
 
 def catalog(**policy) -> Catalog:
