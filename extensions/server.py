@@ -13,8 +13,9 @@ what counts as this server's activity for idle shutdown (docs/idle.md).
 Activity is what jupyter_server reports (`ServerApp.last_activity()`, which
 jupyterhub-singleuser sends to the hub every $JUPYTERHUB_ACTIVITY_INTERVAL seconds): kernels,
 terminals, API requests that change something (not JupyterLab's polls), and this extension's
-busy-GPU samples. On SIGTERM every kernel gets SIGTERM at once and up to
-$METERHUB_STOP_GRACE_SECONDS to exit before the server shuts down, so training can checkpoint.
+busy-GPU samples (a GPU turning busy is reported to the hub at once). On SIGTERM every kernel
+gets SIGTERM at once and up to $METERHUB_STOP_GRACE_SECONDS less 5 s to exit before the
+server shuts down, so training can checkpoint and the server still stops cleanly.
 
 The status asks the billing API with the server's own token ($JUPYTERHUB_API_TOKEN, which
 the hub grants `access:services!service=billing` and nothing more of billing); the billing
@@ -32,7 +33,7 @@ import logging
 import os
 import signal
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from datetime import UTC, datetime
 from urllib.parse import quote
 
@@ -43,16 +44,14 @@ from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
 
 #: how long one call to the billing API may take
 BILLING_TIMEOUT_SECONDS = 10
-#: how long one call to the hub's activity API may take
-HUB_TIMEOUT_SECONDS = 10
 #: the most notification ids one mark-read request may carry
 MAX_READ_IDS = 100
 #: after `POST /api/meterhub/saving`, saves do not count as activity for this long
 SAVING_WINDOW_SECONDS = 30
 #: methods that only read: an open JupyterLab tab sends them every few seconds by itself
 READ_ONLY_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
-#: methods of a save through the contents API
-SAVE_METHODS = frozenset({"PUT", "PATCH"})
+#: the method of a save through the contents API (a PATCH there is a rename)
+SAVE_METHODS = frozenset({"PUT"})
 #: $JUPYTERHUB_ACTIVITY_INTERVAL when the spawner set none (the catalog's default)
 DEFAULT_ACTIVITY_INTERVAL_SECONDS = 60
 #: jupyter_server counts every `settings` key ending in `_last_activity` as activity
@@ -61,6 +60,12 @@ GPU_ACTIVITY_KEY = "meterhub_gpu_last_activity"
 SAVING_UNTIL_KEY = "meterhub_saving_until"
 #: idle actions a server can be told ($METERHUB_ON_IDLE)
 IDLE_ACTIONS = ("stop", "debug")
+#: jupyterhub-singleuser's server extension (`JupyterHubSingleUser.name`), which reports the
+#: server's activity to the hub
+SINGLEUSER_EXTENSION = "jupyterhub-singleuser"
+#: what jupyter_server's own shutdown takes after the grace period: it asks the kernels to
+#: shut down and kills them 5 s later, which must come before the spawner's SIGKILL
+SERVER_SHUTDOWN_SECONDS = 5
 
 log = logging.getLogger(__name__)
 
@@ -71,7 +76,7 @@ def utcnow() -> datetime:
 
 
 def monotonic() -> float:
-    """The clock of the saving window (tests may replace it)."""
+    """The clock of the saving window and of the kernels' grace (tests may replace it)."""
     return time.monotonic()
 
 
@@ -126,8 +131,8 @@ def counts_as_activity(
 
     Reads (GET, HEAD, OPTIONS) are not: an open JupyterLab tab polls kernels, sessions,
     terminals and the file browser by itself. Nor are the writes a tab makes by itself
-    (`BACKGROUND_WRITES`: it saves its layout every 10 s while visible). A save (PUT or PATCH under `/api/contents`)
-    before `saving_until` is not either: JupyterLab announced it saves because meterhub is
+    (`BACKGROUND_WRITES`: it saves its layout every 10 s while visible). A save (a PUT under
+    `/api/contents`) before `saving_until` is not either: JupyterLab announced it saves because meterhub is
     about to stop the server, and that save must not cancel the stop.
     """
     if method.upper() in READ_ONLY_METHODS:
@@ -253,51 +258,26 @@ def visible_devices(cuda_visible_devices: str | None) -> list[str] | None:
     return [name.strip() for name in cuda_visible_devices.split(",") if name.strip()]
 
 
-def hub_activity_body(server_name: str, when: datetime) -> dict:
-    """What jupyterhub-singleuser posts to the hub's activity API."""
-    stamp = when.astimezone(UTC).replace(tzinfo=None).isoformat() + "Z"
-    return {"servers": {server_name: {"last_activity": stamp}}, "last_activity": stamp}
-
-
-async def notify_hub(
-    when: datetime, environ: Mapping[str, str] = os.environ, logger: logging.Logger = log
-) -> None:
-    """Tell the hub's activity API ($JUPYTERHUB_ACTIVITY_URL) now, with the server's own
-    token, instead of at jupyterhub-singleuser's next report; a failure is only logged."""
-    url = environ.get("JUPYTERHUB_ACTIVITY_URL", "")
-    if not url:
+async def notify_hub(serverapp) -> None:
+    """Have jupyterhub-singleuser report the server's activity (`last_activity()`, a busy GPU
+    included) to the hub now instead of at its next interval, with its own token and retries.
+    Nothing without it (a server not started by a hub) or without an activity URL."""
+    point = serverapp.extension_manager.extension_points.get(SINGLEUSER_EXTENSION)
+    singleuser = point.app if point is not None else None
+    if singleuser is None or not getattr(singleuser, "hub_activity_url", ""):
         return
-    ssl = {
-        option: environ[name]
-        for option, name in (
-            ("client_key", "JUPYTERHUB_SSL_KEYFILE"),
-            ("client_cert", "JUPYTERHUB_SSL_CERTFILE"),
-            ("ca_certs", "JUPYTERHUB_SSL_CLIENT_CA"),
-        )
-        if environ.get(name)
-    }
-    request = HTTPRequest(
-        url,
-        method="POST",
-        body=json.dumps(hub_activity_body(environ.get("JUPYTERHUB_SERVER_NAME", ""), when)),
-        headers={
-            "Authorization": f"token {environ.get('JUPYTERHUB_API_TOKEN', '')}",
-            "Content-Type": "application/json",
-        },
-        request_timeout=HUB_TIMEOUT_SECONDS,
-        **ssl,
-    )
     try:
-        await AsyncHTTPClient().fetch(request)
-    except (HTTPClientError, OSError) as e:
-        logger.warning("meterhub: could not report GPU activity to the hub: %s", e)
+        await singleuser.notify_activity()
+    except Exception as e:  # it retried for a minute; its next report tries again
+        serverapp.log.warning("meterhub: could not report GPU activity to the hub: %s", e)
 
 
 class GpuMonitor:
     """Samples this server's GPUs with NVML (the `pynvml` module) every `interval_seconds`,
     in a thread; while one is above `busy_percent` utilization it stamps the server's
     activity (`settings[GPU_ACTIVITY_KEY]`), which jupyterhub-singleuser reports to the hub
-    with the rest. A GPU turning busy is reported to the hub at once (`notify`).
+    with the rest. A GPU turning busy is reported to the hub at once (`notify()`, once the
+    stamp is in place).
 
     Without NVML (no library, no GPU, an error) it logs once and the server runs on.
     """
@@ -308,7 +288,7 @@ class GpuMonitor:
         devices: list[str] | None,
         busy_percent: int,
         interval_seconds: float,
-        notify: Callable | None = None,
+        notify: Callable[[], Awaitable[None]] | None = None,
         logger: logging.Logger = log,
     ):
         self.settings = settings
@@ -316,7 +296,7 @@ class GpuMonitor:
         self.busy_percent = busy_percent
         self.interval_seconds = interval_seconds
         self.log = logger
-        self.notify = notify or (lambda when: notify_hub(when, logger=logger))
+        self.notify = notify
         #: whether the last sample found a GPU busy
         self.busy = False
         self._nvml = None
@@ -328,17 +308,30 @@ class GpuMonitor:
         import pynvml
 
         pynvml.nvmlInit()
-        if self.devices is None:
-            count = pynvml.nvmlDeviceGetCount()
-            handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(count)]
-        else:
-            handles = [
-                pynvml.nvmlDeviceGetHandleByIndex(int(name))
-                if name.isdigit()
-                else pynvml.nvmlDeviceGetHandleByUUID(name)
-                for name in self.devices
-            ]
+        try:
+            if self.devices is None:
+                count = pynvml.nvmlDeviceGetCount()
+                handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(count)]
+            else:
+                handles = [
+                    pynvml.nvmlDeviceGetHandleByIndex(int(name))
+                    if name.isdigit()
+                    else pynvml.nvmlDeviceGetHandleByUUID(name)
+                    for name in self.devices
+                ]
+        except Exception:
+            pynvml.nvmlShutdown()
+            raise
         self._nvml, self._handles = pynvml, handles
+
+    def _close(self) -> None:
+        """Shut NVML down (it counts its initializations: each needs its shutdown)."""
+        nvml, self._nvml, self._handles = self._nvml, None, None
+        if nvml is not None:
+            try:
+                nvml.nvmlShutdown()
+            except Exception as e:
+                self.log.debug("meterhub: nvmlShutdown failed: %s", e)
 
     def utilization(self) -> list[int]:
         """Each of the server's GPUs' utilization in percent (blocking: NVML)."""
@@ -347,7 +340,7 @@ class GpuMonitor:
         try:
             return [self._nvml.nvmlDeviceGetUtilizationRates(h).gpu for h in self._handles]
         except Exception:
-            self._handles = None  # open again next time: a GPU may have been reset
+            self._close()  # open again next time: a GPU may have been reset
             raise
 
     async def sample(self) -> bool | None:
@@ -368,8 +361,8 @@ class GpuMonitor:
         if busy:
             now = utcnow()
             self.settings[GPU_ACTIVITY_KEY] = now
-            if not self.busy:
-                await self.notify(now)
+            if not self.busy and self.notify is not None:
+                await self.notify()
         self.busy = busy
         return busy
 
@@ -384,7 +377,10 @@ class GpuMonitor:
 
 
 def gpu_monitor(
-    settings: dict, environ: Mapping[str, str] = os.environ, logger: logging.Logger = log
+    settings: dict,
+    environ: Mapping[str, str] = os.environ,
+    notify: Callable[[], Awaitable[None]] | None = None,
+    logger: logging.Logger = log,
 ) -> GpuMonitor | None:
     """The monitor of a server with GPUs ($METERHUB_GPUS > 0), from its environment."""
     if _env_int(environ, "METERHUB_GPUS") <= 0:
@@ -395,6 +391,7 @@ def gpu_monitor(
         visible_devices(environ.get("CUDA_VISIBLE_DEVICES")),
         busy_percent=_env_int(environ, "METERHUB_GPU_BUSY_PERCENT", 5),
         interval_seconds=max(1, interval),
+        notify=notify,
         logger=logger,
     )
 
@@ -403,15 +400,17 @@ def gpu_monitor(
 
 
 def install_graceful_stop(serverapp, grace_seconds: int) -> None:
-    """On SIGTERM, SIGTERM every kernel at once and give them up to `grace_seconds` to exit
-    before jupyter_server's own shutdown, which would interrupt them (SIGINT), ask them to
-    shut down and kill them 5 s later: a training loop that checkpoints on SIGTERM gets the
-    whole grace period. The spawner (or the kubelet) kills what is left after it. A second
-    SIGTERM stops at once. Called after jupyter_server set its own handler."""
+    """On SIGTERM, SIGTERM every kernel at once and give them up to `grace_seconds` less
+    `SERVER_SHUTDOWN_SECONDS` to exit before jupyter_server's own shutdown, which would
+    interrupt them (SIGINT), ask them to shut down and kill them 5 s later: a training loop
+    that checkpoints on SIGTERM gets the grace period, and the server still shuts down cleanly
+    before the spawner (or the kubelet) kills what is left at its end. A second SIGTERM stops
+    at once. Called after jupyter_server set its own handler."""
     stop = signal.getsignal(signal.SIGTERM)
     if grace_seconds <= 0 or not callable(stop):
         return
     loop = serverapp.io_loop.asyncio_loop
+    wait_seconds = max(0, grace_seconds - SERVER_SHUTDOWN_SECONDS)
     stopping = False
 
     def on_sigterm(signum, frame):
@@ -424,7 +423,7 @@ def install_graceful_stop(serverapp, grace_seconds: int) -> None:
 
     async def terminate_then(signum):
         try:
-            await terminate_kernels(serverapp.kernel_manager, grace_seconds, serverapp.log)
+            await terminate_kernels(serverapp.kernel_manager, wait_seconds, serverapp.log)
         finally:
             stop(signum, None)
 
@@ -450,8 +449,8 @@ async def terminate_kernels(kernel_manager, grace_seconds: float, logger) -> Non
         len(kernels),
         grace_seconds,
     )
-    deadline = time.monotonic() + grace_seconds
-    while time.monotonic() < deadline:
+    deadline = monotonic() + grace_seconds
+    while monotonic() < deadline:
         alive = [kernel for kernel in kernels if await ensure_async(kernel.is_alive())]
         if not alive:
             return
@@ -500,12 +499,23 @@ def _billing_error(error: HTTPClientError) -> str:
     return f"The billing service answered {error.code}" + (f": {said}" if said else "")
 
 
+def _server_user() -> str:
+    """The user this server belongs to ($JUPYTERHUB_USER); the billing service answers only
+    for the token's user, so another name gets a 403 there, not someone else's data."""
+    user = os.environ.get("JUPYTERHUB_USER", "")
+    if not user:
+        raise web.HTTPError(503, "This server was started without JUPYTERHUB_USER")
+    return user
+
+
 class StatusHandler(BillingAPIHandler):
     @web.authenticated
     async def get(self):
-        wallet = await self.billing("/wallet")
-        user = quote(wallet["user"], safe="")
-        notes = await self.billing(f"/users/{user}/notifications?unread=1")
+        user = _server_user()
+        wallet, notes = await asyncio.gather(
+            self.billing("/wallet"),
+            self.billing(f"/users/{quote(user, safe='')}/notifications?unread=1"),
+        )
         # the same activity jupyterhub-singleuser reports to the hub, busy GPUs included
         idle = idle_status(os.environ, self.application.last_activity(), utcnow())
         self.finish(
@@ -519,7 +529,7 @@ class StatusHandler(BillingAPIHandler):
                 "warn_minutes": wallet.get("warn_minutes", []),
                 "summary": wallet["summary"],
                 "profile": os.environ.get("METERHUB_PROFILE", ""),
-                "gpus": int(os.environ.get("METERHUB_GPUS") or 0),
+                "gpus": _env_int(os.environ, "METERHUB_GPUS"),
                 "notifications": notes["notifications"],
                 "idle": idle,
                 "stop": soonest_stop(idle, wallet, os.environ.get("JUPYTERHUB_SERVER_NAME", "")),
@@ -538,11 +548,8 @@ class ReadHandler(BillingAPIHandler):
         if not ids:
             self.finish({"marked": 0})
             return
-        user = os.environ.get("JUPYTERHUB_USER", "")
-        if not user:
-            raise web.HTTPError(503, "This server was started without JUPYTERHUB_USER")
         answer = await self.billing(
-            f"/users/{quote(user, safe='')}/notifications/read", body={"ids": ids}
+            f"/users/{quote(_server_user(), safe='')}/notifications/read", body={"ids": ids}
         )
         self.finish({"marked": int(answer.get("marked", 0))})
 
@@ -565,8 +572,12 @@ def _load_jupyter_server_extension(serverapp):
     patch_api_activity()
     grace = _env_int(os.environ, "METERHUB_STOP_GRACE_SECONDS")
     install_graceful_stop(serverapp, grace)
-    monitor = gpu_monitor(serverapp.web_app.settings, logger=serverapp.log)
+    monitor = gpu_monitor(
+        serverapp.web_app.settings, notify=lambda: notify_hub(serverapp), logger=serverapp.log
+    )
     if monitor is not None:
+        # held for as long as the server runs: the event loop keeps only a weak reference to
+        # the monitor's task (asyncio.ensure_future), which must not be collected mid-run
         serverapp.web_app.settings["meterhub_gpu_monitor"] = monitor
         serverapp.io_loop.add_callback(monitor.start)
     serverapp.log.info(

@@ -6,7 +6,7 @@ Every backend, the spawn form and billing read profiles from here; nothing else 
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, fields, replace
 from decimal import ROUND_HALF_UP, Decimal
 
@@ -563,27 +563,17 @@ class Catalog(LoggingConfigurable):
         if not isinstance(slug, str) or slug not in profiles:
             raise InvalidChoice(f"Unknown profile {slug!r}; choose one of: {', '.join(profiles)}")
         profile = profiles[slug]
-        caps = session_caps(user_options)
+        max_cost, max_hours = session_caps(user_options)
         raw_gpus = user_options.get("gpus")
         if profile.is_debug:
             if raw_gpus not in (None, "", "0", 0):
                 raise InvalidChoice("Debug mode has no GPUs; leave out 'gpus'")
-            return Choice(profile, 0, *caps)
+            return Choice(profile, 0, max_cost=max_cost, max_hours=max_hours)
+        counts = ", ".join(map(str, profile.counts))
         if raw_gpus is None:
-            raise InvalidChoice(
-                f"Profile {slug!r} needs 'gpus': one of {', '.join(map(str, profile.counts))}"
-            )
-        if isinstance(raw_gpus, bool) or not isinstance(raw_gpus, (int, str)):
-            raise InvalidChoice(f"'gpus' must be one of {', '.join(map(str, profile.counts))}")
-        try:
-            gpus = int(raw_gpus)
-        except ValueError:
-            gpus = None
-        if gpus not in profile.counts or str(raw_gpus).strip() != str(gpus):
-            raise InvalidChoice(
-                f"'gpus' must be one of {', '.join(map(str, profile.counts))}, got {raw_gpus!r}"
-            )
-        return Choice(profile, gpus, *caps)
+            raise InvalidChoice(f"Profile {slug!r} needs 'gpus': one of {counts}")
+        gpus = _whole_number(raw_gpus, profile.counts, f"'gpus' must be one of {counts}")
+        return Choice(profile, gpus, max_cost=max_cost, max_hours=max_hours)
 
     def idle(self, slug: str) -> IdlePolicy:
         """What happens to an idle (or capped) server of profile `slug`."""
@@ -643,22 +633,27 @@ def session_caps(user_options: dict) -> tuple[Decimal | None, int | None]:
     raw_hours = user_options.get("max_hours")
     hours = None
     if raw_hours not in (None, ""):
-        text = str(raw_hours) if isinstance(raw_hours, (int, str)) else None
-        if (
-            isinstance(raw_hours, bool)
-            or text is None
-            or len(text) > len(str(MAX_HOURS))  # before int(): thousands of digits raise
-            or not text.isascii()
-            or not text.isdigit()
-            or text != str(int(text))  # no leading zeros, as for gpus
-            or not 1 <= int(text) <= MAX_HOURS
-        ):
-            raise InvalidChoice(
-                f"max_hours: expected a whole number of hours from 1 to {MAX_HOURS},"
-                f" got {raw_hours!r}"
-            )
-        hours = int(text)
+        hours = _whole_number(
+            raw_hours,
+            range(1, MAX_HOURS + 1),
+            f"max_hours: expected a whole number of hours from 1 to {MAX_HOURS}",
+        )
     return cost, hours
+
+
+def _whole_number(raw: object, allowed: Collection[int], expected: str) -> int:
+    """`raw` as a whole number in `allowed`: an int, or a string of ASCII digits without
+    sign, spaces or leading zeros. Anything else: InvalidChoice "`expected`, got `raw`"."""
+    text = str(raw) if isinstance(raw, (int, str)) and not isinstance(raw, bool) else None
+    if (
+        text is None
+        or len(text) > len(str(max(allowed, default=0)))  # before int(): 5000 digits raise
+        or not (text.isascii() and text.isdigit())
+        or text != str(int(text))
+        or int(text) not in allowed
+    ):
+        raise InvalidChoice(f"{expected}, got {raw!r}")
+    return int(text)
 
 
 def _fold(name: str) -> str:

@@ -9,10 +9,10 @@ through the server's settings API before the page opens), so that only the exten
 - the meter stops an idle debug server, and the text typed into its notebook is on the disk;
 - "Keep running" on the idle warning is activity: the warning goes and the idle clock restarts.
 
-The last two wait for issue 15's server side (idle and stop in `GET /api/meterhub/status`,
-`POST api/meterhub/saving` and `/activity` in extensions/server.py) and for the meter's idle
-stop: they skip, saying so, until extensions/server.py has the saving endpoint, and if the meter
-does not stop the idle server they fail saying that is what they waited for.
+The last two use the server extension's idle status and `POST api/meterhub/saving` and
+`/activity` (extensions/server.py) and the meter's idle stop; if the meter never stops the idle
+server, the failure says so (something the page does by itself counted as activity). All skip
+only without Chromium.
 """
 
 from __future__ import annotations

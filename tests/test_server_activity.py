@@ -3,21 +3,24 @@
 - The pieces, pure: which API requests count, the saving window, the status's `idle` and
   `stop` keys, which GPUs a server samples.
 - The GPU monitor with the NVML test double (tests/fakes/pynvml.py): busy above the
-  threshold stamps activity and tells the hub at once when a GPU turns busy; no NVML is
-  logged once and changes nothing.
-- A real `jupyter-server` with the extension and a stand-in billing API (its wallet answer
-  carries the session caps the real one does not have yet): reads do not count, saves after
-  `POST /api/meterhub/saving` do not, `POST /api/meterhub/activity` does; the status keys.
+  threshold stamps activity and, when a GPU turns busy, has jupyterhub-singleuser report it to
+  the hub at once; no NVML is logged once and changes nothing. SIGTERM's pass-on to kernels.
+- A real `jupyter-server` with the extension and a stand-in billing API (answering as the real
+  one, `servers[].cap` included): reads, marking notifications read and JupyterLab's workspace
+  saves do not count, saves after `POST /api/meterhub/saving` do not,
+  `POST /api/meterhub/activity` does; the status keys.
 - A real hub: its activity API's `last_activity` of a server advances while the server's
   GPU is busy and stops when it is idle; GET polls do not advance it, a POST does.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import threading
@@ -25,10 +28,11 @@ import time
 from datetime import UTC, datetime, timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import requests
-from tornado import httpserver, web
+from jupyterhub.singleuser.extension import JupyterHubSingleUser
 
 from meterhub.extensions import server as ext
 from meterhub.spawner.sandbox import bwrap_works
@@ -58,15 +62,23 @@ def test_changes_are_activity(method):
 
 def test_saves_in_the_saving_window_are_not_activity_and_after_it_are():
     until = 130.0  # POST /api/meterhub/saving at t=100
-    for method in ("PUT", "PATCH"):
-        for path in ("/user/ada/api/contents/a.ipynb", "/user/ada/api/contents/dir/b.py"):
-            assert not ext.counts_as_activity(method, path, BASE, until, now=129.9)
-            assert ext.counts_as_activity(method, path, BASE, until, now=130)
-    # only saves: a new kernel, a deleted file or another API is the user at work
+    for path in ("/user/ada/api/contents/a.ipynb", "/user/ada/api/contents/dir/b.py"):
+        assert not ext.counts_as_activity("PUT", path, BASE, until, now=129.9)
+        assert ext.counts_as_activity("PUT", path, BASE, until, now=130)
+    # only saves (PUT): a rename (PATCH), a new kernel, a deleted file or another API is the
+    # user at work
+    assert ext.counts_as_activity("PATCH", "/user/ada/api/contents/a.ipynb", BASE, until, 110)
     assert ext.counts_as_activity("POST", "/user/ada/api/kernels", BASE, until, 110)
     assert ext.counts_as_activity("DELETE", "/user/ada/api/contents/a.py", BASE, until, 110)
     assert ext.counts_as_activity("PUT", "/user/ada/api/contentsx/a", BASE, until, 110)
     assert ext.counts_as_activity("PUT", "/user/bob/api/contents/a", BASE, until, 110)
+
+
+def test_the_layout_an_open_tab_saves_by_itself_is_not_activity():
+    for path in ("/user/ada/lab/api/workspaces/default", "/user/ada/lab/api/workspaces"):
+        assert not ext.counts_as_activity("PUT", path, BASE, saving_until=0, now=100)
+    assert ext.counts_as_activity("PUT", "/user/ada/lab/api/workspacesx", BASE, 0, 100)
+    assert ext.counts_as_activity("PUT", "/user/bob/lab/api/workspaces/default", BASE, 0, 100)
 
 
 # ---------------------------------------------------------------- idle and stop
@@ -153,12 +165,6 @@ def test_the_servers_gpus_are_what_cuda_is_told():
     assert ext.visible_devices("GPU-aa, GPU-bb") == ["GPU-aa", "GPU-bb"]
 
 
-def test_the_hub_is_told_what_jupyterhub_singleuser_tells_it():
-    body = ext.hub_activity_body("gpu", datetime(2026, 3, 1, 12, 0, 5, 250000, tzinfo=UTC))
-    stamp = "2026-03-01T12:00:05.250000Z"
-    assert body == {"servers": {"gpu": {"last_activity": stamp}}, "last_activity": stamp}
-
-
 @pytest.fixture
 def nvml(tmp_path, monkeypatch):
     """The NVML test double as `pynvml`, with a state file; returns a setter of the GPUs."""
@@ -175,10 +181,13 @@ def nvml(tmp_path, monkeypatch):
 
 
 def _monitor(devices, notified: list, settings: dict | None = None) -> ext.GpuMonitor:
-    async def notify(when):
-        notified.append(when)
+    """A monitor whose notify records the activity stamp it finds (what the hub is sent)."""
+    settings = settings if settings is not None else {}
 
-    return ext.GpuMonitor(settings if settings is not None else {}, devices, 5, 1, notify)
+    async def notify():
+        notified.append(settings.get(ext.GPU_ACTIVITY_KEY))
+
+    return ext.GpuMonitor(settings, devices, 5, 1, notify)
 
 
 async def test_a_busy_gpu_stamps_activity_and_a_gpu_turning_busy_tells_the_hub(nvml):
@@ -236,30 +245,126 @@ async def test_without_nvml_the_monitor_logs_once_and_stamps_nothing(nvml, monke
     assert made.interval_seconds == 1 and made.devices == ["3", "4"] and made.busy_percent == 5
 
 
-async def test_notify_hub_posts_the_servers_activity_with_its_token():
-    got: list = []
+async def test_nvml_is_shut_down_for_each_time_it_is_opened(nvml, monkeypatch):
+    opened: list = []
+    monkeypatch.setattr(fake_nvml, "nvmlInit", lambda: opened.append("init"))
+    monkeypatch.setattr(fake_nvml, "nvmlShutdown", lambda: opened.append("shutdown"))
+    nvml(50)
+    monitor = _monitor(["0"], [])
+    assert await monitor.sample() is True
+    assert await monitor.sample() is True
+    assert opened == ["init"]  # once, not at every sample
+    nvml()  # the GPU is gone (reset): the sample fails and NVML is shut down
+    assert await monitor.sample() is None
+    assert opened == ["init", "shutdown"]
+    # opened again at the next sample; a GPU not found then shuts it down again
+    assert await monitor.sample() is None
+    assert opened == ["init", "shutdown", "init", "shutdown"]
+    nvml(50)
+    assert await monitor.sample() is True
+    assert opened == ["init", "shutdown", "init", "shutdown", "init"]
 
-    class Activity(web.RequestHandler):
-        def post(self):
-            got.append((self.request.headers["Authorization"], json.loads(self.request.body)))
-            self.set_status(204)
 
-    port = free_port()
-    server = httpserver.HTTPServer(web.Application([(r"/hub/api/users/ada/activity", Activity)]))
-    server.listen(port, "127.0.0.1")
+class SingleUser:
+    """jupyterhub-singleuser's extension app as `notify_hub` sees it."""
+
+    def __init__(self, hub_activity_url: str, fails: bool = False):
+        self.hub_activity_url = hub_activity_url
+        self.fails = fails
+        self.notified = 0
+
+    async def notify_activity(self):
+        self.notified += 1
+        if self.fails:
+            raise TimeoutError("Failed to notify Hub of activity")
+
+
+def _serverapp(singleuser: SingleUser | None) -> SimpleNamespace:
+    points = (
+        {} if singleuser is None else {ext.SINGLEUSER_EXTENSION: SimpleNamespace(app=singleuser)}
+    )
+    return SimpleNamespace(
+        extension_manager=SimpleNamespace(extension_points=points), log=logging.getLogger("t")
+    )
+
+
+async def test_a_gpu_turning_busy_has_jupyterhub_singleuser_tell_the_hub(nvml, caplog):
+    assert ext.SINGLEUSER_EXTENSION == JupyterHubSingleUser.name
+    singleuser = SingleUser("http://hub/hub/api/users/ada/activity")
+    settings: dict = {}
+    monitor = ext.gpu_monitor(
+        settings, {"METERHUB_GPUS": "1"}, notify=lambda: ext.notify_hub(_serverapp(singleuser))
+    )
+    nvml(0)
+    assert await monitor.sample() is False and singleuser.notified == 0
+    nvml(80)
+    assert await monitor.sample() is True and singleuser.notified == 1
+    assert await monitor.sample() is True and singleuser.notified == 1  # still busy
+    # a server without a hub, or without an activity URL: nothing to tell
+    await ext.notify_hub(_serverapp(None))
+    await ext.notify_hub(_serverapp(quiet := SingleUser("")))
+    assert quiet.notified == 0
+    # a hub that stays unreachable through jupyterhub-singleuser's retries is logged
+    with caplog.at_level(logging.WARNING):
+        await ext.notify_hub(_serverapp(SingleUser("http://hub/x", fails=True)))
+    assert "could not report GPU activity" in caplog.text
+
+
+# ---------------------------------------------------------------- stopping
+
+
+class Kernel:
+    """A kernel as `terminate_kernels` sees it, that ignores SIGTERM."""
+
+    def __init__(self):
+        self.signals: list = []
+
+    def stop_restarter(self):
+        pass
+
+    def signal_kernel(self, signum):
+        self.signals.append(signum)
+
+    def is_alive(self):
+        return True
+
+
+async def test_kernels_get_sigterm_and_the_grace_on_the_modules_clock(monkeypatch, caplog):
+    kernel = Kernel()
+    manager = SimpleNamespace(list_kernel_ids=lambda: ["k"], get_kernel=lambda _: kernel)
+    clock = iter(range(0, 1000, 10))  # 10 s a look: the fake clock ends the wait, not sleeps
+    monkeypatch.setattr(ext, "monotonic", lambda: next(clock))
+    with caplog.at_level(logging.WARNING):
+        await ext.terminate_kernels(manager, 25, logging.getLogger("t"))
+    assert kernel.signals == [signal.SIGTERM]
+    assert next(clock) == 40  # deadline 25: looked at 10 and 20, stopped at 30
+    assert "1 kernels did not exit within 25 s" in caplog.text
+
+
+async def test_sigterm_leaves_jupyter_servers_shutdown_its_time_within_the_grace(monkeypatch):
+    waited: list = []
+    stopped = asyncio.Event()
+
+    async def terminate_kernels(kernel_manager, grace_seconds, logger):
+        waited.append(grace_seconds)
+
+    monkeypatch.setattr(ext, "terminate_kernels", terminate_kernels)
+    serverapp = SimpleNamespace(
+        io_loop=SimpleNamespace(asyncio_loop=asyncio.get_running_loop()),
+        kernel_manager=None,
+        log=logging.getLogger("t"),
+    )
+    before = signal.getsignal(signal.SIGTERM)
     try:
-        when = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
-        environ = {
-            "JUPYTERHUB_ACTIVITY_URL": f"http://127.0.0.1:{port}/hub/api/users/ada/activity",
-            "JUPYTERHUB_API_TOKEN": "server-token",
-            "JUPYTERHUB_SERVER_NAME": "",
-        }
-        await ext.notify_hub(when, environ)
-        assert got == [("token server-token", ext.hub_activity_body("", when))]
-        # an unreachable hub is logged, not raised
-        await ext.notify_hub(when, {**environ, "JUPYTERHUB_ACTIVITY_URL": "http://127.0.0.1:1/x"})
+        for grace in (30, 3):
+            stopped.clear()
+            signal.signal(signal.SIGTERM, lambda signum, frame: stopped.set())
+            ext.install_graceful_stop(serverapp, grace)
+            signal.getsignal(signal.SIGTERM)(signal.SIGTERM, None)
+            await asyncio.wait_for(stopped.wait(), 10)
     finally:
-        server.stop()
+        signal.signal(signal.SIGTERM, before)
+    assert waited == [30 - ext.SERVER_SHUTDOWN_SECONDS, 0]
 
 
 # ---------------------------------------------------------------- a real jupyter-server
@@ -272,7 +377,13 @@ class Billing(BaseHTTPRequestHandler):
 
     def do_GET(self):
         assert self.headers["Authorization"] == "token server-token"
-        body = self.wallet if self.path == "/wallet" else {"notifications": []}
+        if self.path == "/wallet":
+            body = self.wallet
+        elif self.path == "/users/ada/notifications?unread=1":
+            body = {"notifications": []}
+        else:
+            self.send_error(404)
+            return
         data = json.dumps(body).encode()
         self.send_response(200)
         self.send_header("Content-Type", "application/json")
@@ -314,8 +425,10 @@ def jupyter(tmp_path_factory):
         METERHUB_ON_IDLE="debug",
         METERHUB_GPUS="0",
         JUPYTERHUB_API_TOKEN="server-token",
+        JUPYTERHUB_USER="ada",
         JUPYTERHUB_SERVER_NAME="gpu",
         JUPYTER_RUNTIME_DIR=str(root / "runtime"),
+        JUPYTERLAB_WORKSPACES_DIR=str(root / "workspaces"),
     )
     log = open(root / "server.log", "wb")
     proc = subprocess.Popen(
@@ -379,6 +492,14 @@ def test_reads_do_not_count_writes_and_the_activity_ping_do(jupyter):
                  "api/terminals", "api/meterhub/status"):  # fmt: skip
         call("GET", f"{jupyter}/{path}")
     assert last_activity(jupyter) == before, "a read counted as activity"
+    # what an open tab does by itself: mark what it showed read, save its layout
+    assert call("POST", f"{jupyter}/api/meterhub/notifications/read", json={"ids": []}).json() == {
+        "marked": 0
+    }
+    assert last_activity(jupyter) == before, "marking notifications read counted as activity"
+    layout = {"data": {}, "metadata": {"id": "default"}}
+    call("PUT", f"{jupyter}/lab/api/workspaces/default", json=layout)
+    assert last_activity(jupyter) == before, "JupyterLab's layout save counted as activity"
     r = call("POST", f"{jupyter}/api/meterhub/activity")
     assert r.status_code == 204
     pinged = last_activity(jupyter)
@@ -394,10 +515,9 @@ def test_saves_announced_as_before_a_stop_do_not_count(jupyter):
     assert r.status_code == 204 and not r.content
     body = {"type": "file", "format": "text", "content": "saved before the stop"}
     call("PUT", f"{jupyter}/api/contents/draft.txt", json=body)
-    call("PATCH", f"{jupyter}/api/contents/draft.txt", json={"path": "draft2.txt"})
     assert last_activity(jupyter) == before, "the pre-stop save cancelled the idle stop"
-    # anything else is still the user at work
-    call("POST", f"{jupyter}/api/contents", json={"type": "notebook"})
+    # anything else is still the user at work: a rename is a PATCH, not a save
+    call("PATCH", f"{jupyter}/api/contents/draft.txt", json={"path": "draft2.txt"})
     assert last_activity(jupyter) > before
 
 

@@ -15,7 +15,7 @@ import { Notification } from '@jupyterlab/apputils';
 import { URLExt } from '@jupyterlab/coreutils';
 import { ServerConnection } from '@jupyterlab/services';
 import { IStatusBar } from '@jupyterlab/statusbar';
-import { IPoll, Poll } from '@lumino/polling';
+import { Poll } from '@lumino/polling';
 import { Widget } from '@lumino/widgets';
 
 import {
@@ -25,30 +25,20 @@ import {
   noteType
 } from './notes';
 import {
-  HIDDEN_POLL_INTERVAL_MS,
   IOpenDocument,
-  POLL_INTERVAL_MS,
-  StopSaver
+  StopSaver,
+  pollFrequency,
+  statusPollOptions
 } from './saver';
-import { INote, IStatus, statusLevel, statusText } from './status';
+import {
+  INote,
+  IStatus,
+  WARNING_KINDS,
+  statusLevel,
+  statusText
+} from './status';
 
 export { level, statusLevel, statusText } from './status';
-
-/**
- * The longest wait between tries while the server fails (each failure doubles the wait).
- */
-const MAX_INTERVAL_MS = 5 * 60 * 1000;
-
-/**
- * The poll's frequency: slower while the tab is hidden (src/saver.ts says why it still polls).
- */
-function frequency(hidden: boolean): IPoll.Frequency {
-  return {
-    interval: hidden ? HIDDEN_POLL_INTERVAL_MS : POLL_INTERVAL_MS,
-    backoff: true,
-    max: MAX_INTERVAL_MS
-  };
-}
 
 /**
  * What of a document context the saver needs: `DocumentWidget.context`
@@ -115,7 +105,9 @@ class CreditStatus extends Widget {
     this.node.textContent = 'credit …';
     this._reader = new NotificationReader({
       show: note => this._showNote(note),
-      markRead: ids => this._markRead(ids),
+      // the page marks what it showed by itself: not the user's activity, which would put off
+      // the very idle stop an idle warning announces (the server's ReadHandler does not count it)
+      markRead: ids => this._post('api/meterhub/notifications/read', { ids }),
       onError: error =>
         console.warn('meterhub: could not mark notifications read', error)
     });
@@ -127,12 +119,9 @@ class CreditStatus extends Widget {
         console.warn(`meterhub: could not ${what} before a stop`, error)
     });
     // A hidden tab keeps polling: it must save before a stop too (src/saver.ts).
-    this._poll = new Poll({
-      factory: () => this.refresh(),
-      frequency: frequency(document.hidden),
-      name: '@meterhub/credit-status:CreditStatus#status',
-      standby: 'never'
-    });
+    this._poll = new Poll(
+      statusPollOptions(() => this.refresh(), document.hidden)
+    );
     document.addEventListener('visibilitychange', this._onVisibility);
   }
 
@@ -181,7 +170,7 @@ class CreditStatus extends Widget {
   }
 
   private _onVisibility = (): void => {
-    this._poll.frequency = frequency(document.hidden);
+    this._poll.frequency = pollFrequency(document.hidden);
     if (!document.hidden) {
       // shown again: what the status bar says may be a hidden interval old
       void this._poll.refresh();
@@ -189,7 +178,7 @@ class CreditStatus extends Widget {
   };
 
   private _showNote(note: INote): void {
-    if (note.kind === 'idle-warning') {
+    if (WARNING_KINDS.get(note.kind)?.keepRunning) {
       this._showIdleWarning(note);
     } else if (noteType(note.kind) === 'warning') {
       // stays until dismissed: a warning about a stop must not slip by
@@ -246,26 +235,16 @@ class CreditStatus extends Widget {
     void this._poll.refresh();
   }
 
-  private async _markRead(ids: number[]): Promise<void> {
-    // the page marks what it showed by itself: not the user's activity, which would put off
-    // the very idle stop an idle warning announces (jupyter_server's `no_track_activity`)
-    const response = await ServerConnection.makeRequest(
-      this._url('api/meterhub/notifications/read') + '?no_track_activity=1',
-      { method: 'POST', body: JSON.stringify({ ids }) },
-      this._settings
-    );
-    if (!response.ok) {
-      throw await ServerConnection.ResponseError.create(response);
-    }
-  }
-
   /**
-   * POST with no body to one of the server's own endpoints (answers 204).
+   * POST to one of the server's own endpoints, with `body` as JSON if given; rejects unless it
+   * answers 2xx.
    */
-  private async _post(path: string): Promise<void> {
+  private async _post(path: string, body?: unknown): Promise<void> {
     const response = await ServerConnection.makeRequest(
       this._url(path),
-      { method: 'POST' },
+      body === undefined
+        ? { method: 'POST' }
+        : { method: 'POST', body: JSON.stringify(body) },
       this._settings
     );
     if (!response.ok) {

@@ -5,7 +5,7 @@
  * cancels it). No browser needed: the classes take the functions that show, mark and dismiss
  * (src/__tests__).
  */
-import { IIdle, INote, idleSecondsLeft } from './status';
+import { IIdle, INote, WARNING_KINDS, idleSecondsLeft } from './status';
 
 /**
  * The most ids one mark-read request may carry (the server extension refuses more).
@@ -13,20 +13,11 @@ import { IIdle, INote, idleSecondsLeft } from './status';
 export const MAX_IDS_PER_REQUEST = 100;
 
 /**
- * How JupyterLab shows a notification of this kind: the meter's warnings (credit, lab window,
- * cap, idle), stops and ended passes are warnings; anything else, such as `restarted` (an idle or
- * capped server now runs in debug mode), is information.
+ * How JupyterLab shows a notification of this kind: a warning for `WARNING_KINDS`, else
+ * information.
  */
 export function noteType(kind: string): 'warning' | 'info' {
-  return [
-    'warning',
-    'idle-warning',
-    'cap-warning',
-    'stopped',
-    'pass-ended'
-  ].includes(kind)
-    ? 'warning'
-    : 'info';
+  return WARNING_KINDS.has(kind) ? 'warning' : 'info';
 }
 
 /**

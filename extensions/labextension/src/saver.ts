@@ -6,25 +6,15 @@
  * stop it prepares for. No browser needed: the class takes the functions that list the
  * documents and call the server (src/__tests__/saver.spec.ts).
  */
-import { INote, IStop } from './status';
+import type { IPoll, Poll } from '@lumino/polling';
+
+import { INote, IStop, WARNING_KINDS } from './status';
 
 /**
  * A stop at most this far away is saved for (once per stop). The poll must come at least this
  * often, or it could miss the window (`HIDDEN_POLL_INTERVAL_MS`).
  */
 export const SAVE_BEFORE_STOP_SECONDS = 45;
-
-/**
- * The notifications that announce a stop meterhub causes: the meter's credit, cap and lab-window
- * warnings, its idle warning, and the stop itself. A `restarted` (debug mode) or `pass-ended`
- * note comes after the fact and saves nothing.
- */
-export const SAVE_ON_KINDS: readonly string[] = [
-  'warning',
-  'idle-warning',
-  'cap-warning',
-  'stopped'
-];
 
 /**
  * How much later a foreseen stop may come in the next status and still be the same stop:
@@ -47,6 +37,39 @@ export const POLL_INTERVAL_MS = 15 * 1000;
  * browser throttles its timers further: docs/idle.md).
  */
 export const HIDDEN_POLL_INTERVAL_MS = 30 * 1000;
+
+/**
+ * The longest wait between tries while the server fails (each failure doubles the wait).
+ */
+export const MAX_POLL_INTERVAL_MS = 5 * 60 * 1000;
+
+/**
+ * How often the status poll asks: slower while the tab is hidden, backing off while the server
+ * fails.
+ */
+export function pollFrequency(hidden: boolean): IPoll.Frequency {
+  return {
+    interval: hidden ? HIDDEN_POLL_INTERVAL_MS : POLL_INTERVAL_MS,
+    backoff: true,
+    max: MAX_POLL_INTERVAL_MS
+  };
+}
+
+/**
+ * The options of the status poll (in JupyterLab's `Poll`): it never stands by, so that a hidden
+ * tab still saves before a stop; it only asks less often (`pollFrequency`).
+ */
+export function statusPollOptions(
+  factory: () => Promise<void>,
+  hidden: boolean
+): Poll.IOptions<void, void, 'standby'> {
+  return {
+    factory,
+    frequency: pollFrequency(hidden),
+    name: '@meterhub/credit-status:CreditStatus#status',
+    standby: 'never'
+  };
+}
 
 /**
  * An open document as the saver sees it (in JupyterLab: a document context).
@@ -109,7 +132,7 @@ export class StopSaver {
 
   /**
    * Why a status calls for a save, or null: a notification this page has not seen yet of a kind
-   * in `SAVE_ON_KINDS`, or a stop at most `SAVE_BEFORE_STOP_SECONDS` away that was not saved
+   * that announces a stop (`WARNING_KINDS`), or a stop at most `SAVE_BEFORE_STOP_SECONDS` away that was not saved
    * for yet. A stop is saved for once; it is a new stop when the status had none or a farther
    * one in between, or when it moved later than `STOP_SLACK_SECONDS` allows.
    */
@@ -120,7 +143,7 @@ export class StopSaver {
         continue;
       }
       this._seen.add(note.id);
-      if (why === null && SAVE_ON_KINDS.includes(note.kind)) {
+      if (why === null && WARNING_KINDS.get(note.kind)?.stop) {
         why = `note: ${note.kind}`;
       }
     }

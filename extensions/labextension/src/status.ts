@@ -15,6 +15,34 @@ export interface INote {
 }
 
 /**
+ * What a kind of notification means to JupyterLab.
+ */
+export interface INoteKind {
+  /**
+   * It announces a stop meterhub causes: open documents are saved before it (src/saver.ts).
+   */
+  stop: boolean;
+  /**
+   * It is an idle warning: shown with "Keep running", which counts as activity.
+   */
+  keepRunning: boolean;
+}
+
+/**
+ * The kinds of notification JupyterLab shows as warnings, which stay until dismissed: the
+ * meter's credit and lab-window warnings (`warning`), its idle and cap warnings, a stop, and an
+ * ended pass (which comes after the fact and saves nothing). Any other kind, such as
+ * `restarted` (an idle or capped server now runs in debug mode), is information.
+ */
+export const WARNING_KINDS: ReadonlyMap<string, INoteKind> = new Map([
+  ['warning', { stop: true, keepRunning: false }],
+  ['idle-warning', { stop: true, keepRunning: true }],
+  ['cap-warning', { stop: true, keepRunning: false }],
+  ['stopped', { stop: true, keepRunning: false }],
+  ['pass-ended', { stop: false, keepRunning: false }]
+]);
+
+/**
  * How long this server has been idle, and what happens when it has been idle too long.
  */
 export interface IIdle {

@@ -5,7 +5,7 @@ import {
   idleCancelled,
   noteType
 } from '../notes';
-import { IIdle, INote } from '../status';
+import { IIdle, INote, WARNING_KINDS } from '../status';
 
 function note(id: number, kind = 'warning'): INote {
   return { id, kind, message: `note ${id}` };
@@ -107,6 +107,12 @@ describe('noteType', () => {
     expect(noteType('cap-warning')).toBe('warning');
     expect(noteType('restarted')).toBe('info');
     expect(noteType('news')).toBe('info');
+    expect(noteType('toString')).toBe('info');
+  });
+
+  it('gives only an idle warning "Keep running"', () => {
+    const keepRunning = [...WARNING_KINDS].filter(([, k]) => k.keepRunning);
+    expect(keepRunning.map(([kind]) => kind)).toEqual(['idle-warning']);
   });
 });
 

@@ -1,10 +1,10 @@
 import {
-  HIDDEN_POLL_INTERVAL_MS,
   IOpenDocument,
-  POLL_INTERVAL_MS,
   SAVE_BEFORE_STOP_SECONDS,
   STOP_SLACK_SECONDS,
-  StopSaver
+  StopSaver,
+  pollFrequency,
+  statusPollOptions
 } from '../saver';
 import { INote, IStop } from '../status';
 
@@ -267,11 +267,24 @@ describe('StopSaver: the save', () => {
   });
 });
 
-describe('polling', () => {
+describe('polling (the options index.ts gives its Poll)', () => {
   it('a hidden tab still polls often enough to see the last seconds before a stop', () => {
-    expect(HIDDEN_POLL_INTERVAL_MS).toBeLessThan(
-      SAVE_BEFORE_STOP_SECONDS * 1000
-    );
-    expect(POLL_INTERVAL_MS).toBeLessThanOrEqual(HIDDEN_POLL_INTERVAL_MS);
+    const factory = () => Promise.resolve();
+    const hidden = statusPollOptions(factory, true);
+    expect(hidden.standby).toBe('never');
+    expect(hidden.factory).toBe(factory);
+    expect(hidden.frequency).toEqual(pollFrequency(true));
+    const interval = pollFrequency(true).interval as number;
+    expect(interval).toBeLessThan(SAVE_BEFORE_STOP_SECONDS * 1000);
+    // it only asks less often than a shown tab
+    expect(pollFrequency(false).interval).toBeLessThanOrEqual(interval);
+  });
+
+  it('backs off while the server fails, up to a limit', () => {
+    for (const hidden of [true, false]) {
+      const frequency = pollFrequency(hidden);
+      expect(frequency.backoff).toBe(true);
+      expect(frequency.max).toBeGreaterThan(frequency.interval as number);
+    }
   });
 });
