@@ -16,6 +16,7 @@ import sys
 from jupyterhub import orm
 from jupyterhub.app import JupyterHub
 from sqlalchemy.exc import DBAPIError
+from sqlalchemy.orm import selectinload
 from tornado.ioloop import PeriodicCallback
 from traitlets import Int
 from traitlets.config import Config
@@ -30,7 +31,7 @@ from meterhub.spawner.sandbox import bwrap_works
 from .accounts import AccountError, add_user
 from .config import ConfigError, apply_config, apply_config_d, demo_pool_dir, template_vars
 from .demo_pool import ensure_demo_pool
-from .disk_cli import Refused, archive_user_disk
+from .disk_cli import Refused, archive_user_disk, newest_use
 from .group_sync import group_admin_roles, sync_groups
 from .restarts import run_restarts
 from .stop_cli import (
@@ -188,15 +189,23 @@ class MeterHub(JupyterHub):
             local = LocalGPUSpawner(config=self.config)  # config only, no user
             idle = datetime.timedelta(days=self.disk_archive_after_days)
             idle_before = disk_archive.utcnow() - idle
-            for user_id in [u.id for u in self.db.query(orm.User)]:
-                orm_user = self.db.query(orm.User).filter_by(id=user_id).first()
-                if orm_user is None or self._has_server(orm_user):
-                    continue
-                name = orm_user.name
+            candidates = []
+            users = self.db.query(orm.User).options(
+                selectinload(orm.User._orm_spawners).selectinload(orm.Spawner.server)
+            )
+            for orm_user in users:
                 times = [
                     t for s in orm_user.orm_spawners.values() for t in (s.last_activity, s.started)
                 ]
+                newest = newest_use(times)
+                if newest is not None and newest > idle_before:
+                    continue  # used lately: nothing to look at on disk
+                if not self._has_server(orm_user):
+                    candidates.append((orm_user, orm_user.name, times))
+            for orm_user, name, times in candidates:
                 try:
+                    if self._has_server(orm_user):
+                        continue  # started while an earlier disk was being archived
                     marker = await asyncio.to_thread(
                         archive_user_disk,
                         local.data_dir,

@@ -30,6 +30,7 @@ from meterhub.billing_hooks.wallets import GROUP_NAME, fold
 from meterhub.spawner import disk_archive
 from meterhub.spawner.local import disk_dirname
 
+from .disk_cli import server_on_disk
 from .group_pages import stop_server_for
 from .group_sync import find_group
 from .pages import MeterhubPage
@@ -327,29 +328,31 @@ class CourseResetPage(CoursePage):
         materials = os.path.join(spawner.pool_dir or "", "courses", self.course)
 
         def reset() -> tuple[str, int]:
+            disk, folder = spawner.disk_path, spawner.disk_archive_dir
             with disk_archive.DiskLock(spawner.data_dir, disk_dirname(name)):
-                return reset_locked()
-
-        def reset_locked() -> tuple[str, int]:
-            disk = spawner.disk_path
-            if not os.path.isdir(disk):
-                os.makedirs(disk, mode=0o700)
-                if spawner.run_as:
-                    os.chown(disk, *spawner.run_as)
-            folder = archive_dir(self.settings["config"], name)
-            saved = disk_archive.archive_disk(disk, folder, f"reset-{self.course}", _now())
-            disk_archive.empty_disk(disk)
-            # an idle-archived disk: its files stay in that archive, restorable from here
-            disk_archive.forget_archived(folder)
-            copied = 0
-            if spawner.pool_dir and os.path.isdir(materials):
-                copied = disk_archive.copy_materials(
-                    materials, os.path.join(disk, self.course), spawner.run_as
+                _refuse_running(spawner, disk)
+                if not os.path.isdir(disk):
+                    os.makedirs(disk, mode=0o700)
+                    if spawner.run_as:
+                        os.chown(disk, *spawner.run_as)
+                saved = disk_archive.archive_disk(
+                    disk, folder, f"reset-{self.course}", disk_archive.utcnow()
                 )
+                disk_archive.empty_disk(disk)
+                # an idle-archived disk: its files stay in that archive, restorable from here
+                disk_archive.forget_archived(folder)
+                copied = 0
+                if spawner.pool_dir and os.path.isdir(materials):
+                    copied = disk_archive.copy_materials(
+                        materials, os.path.join(disk, self.course), spawner.run_as
+                    )
             return saved, copied
 
         try:
             saved, copied = await asyncio.to_thread(reset)
+        except disk_archive.ArchiveBusy as e:
+            await self.show(error=f"{name}'s disk is busy: {_busy(name, e)}", status=409)
+            return
         except (disk_archive.ArchiveError, OSError) as e:
             await self.show(error=f"The reset failed: {e}", status=500)
             return
@@ -374,7 +377,7 @@ class CourseRestorePage(CourseResetPage):
         spawner = await self.student_disk(name)
         if spawner is None:
             return
-        folder = archive_dir(self.settings["config"], name)
+        folder = spawner.disk_archive_dir
         if wanted not in await asyncio.to_thread(disk_archive.archives, folder):
             await self.show(error=f"{name} has no archive {wanted[:100]!r}.", status=404)
             return
@@ -382,14 +385,20 @@ class CourseRestorePage(CourseResetPage):
         def restore() -> str:
             disk = spawner.disk_path
             with disk_archive.DiskLock(spawner.data_dir, disk_dirname(name)):
+                _refuse_running(spawner, disk)
                 os.makedirs(disk, mode=0o700, exist_ok=True)
-                saved = disk_archive.archive_disk(disk, folder, "before-restore", _now())
+                saved = disk_archive.archive_disk(
+                    disk, folder, "before-restore", disk_archive.utcnow()
+                )
                 disk_archive.restore_disk(disk, os.path.join(folder, wanted), spawner.run_as)
                 disk_archive.forget_archived(folder)  # what staff chose, not the idle archive
             return saved
 
         try:
             saved = await asyncio.to_thread(restore)
+        except disk_archive.ArchiveBusy as e:
+            await self.show(error=f"{name}'s disk is busy: {_busy(name, e)}", status=409)
+            return
         except (disk_archive.ArchiveError, OSError) as e:
             await self.show(error=f"The restore failed: {e}", status=500)
             return
@@ -398,8 +407,22 @@ class CourseRestorePage(CourseResetPage):
         )
 
 
-def _now() -> datetime.datetime:
-    return datetime.datetime.now(datetime.UTC)
+class ServerRunning(disk_archive.ArchiveBusy):
+    """A server started on the disk after the page looked (its runtime record names it)."""
+
+
+def _refuse_running(spawner, disk: str) -> None:
+    """Inside the disk's lock: a start that landed after `student_disk` looked holds the
+    lock only until its runtime record names the disk, so the record is what says."""
+    why = server_on_disk(spawner.data_dir, disk)
+    if why:
+        raise ServerRunning(why)
+
+
+def _busy(name: str, e: disk_archive.ArchiveBusy) -> str:
+    if isinstance(e, ServerRunning):
+        return f"{e}. Stop {name}'s server first; nothing was changed."
+    return f"{e}. Nothing was changed; try again in a moment."
 
 
 class CourseUsageCsv(CoursePage):

@@ -9,6 +9,7 @@ runtime record names it, and the disk's lock keeps a starting server and an arch
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import os
 import shutil
@@ -50,12 +51,18 @@ def server_on_disk(data_dir: str, disk: str) -> str:
     return ""
 
 
-def last_use(disk: str, spawner_times) -> datetime.datetime:
-    """When a disk was last used: the newest of its user's spawners' `last_activity` and
-    `started` (naive UTC, as JupyterHub keeps them), else the disk folder's mtime."""
+def newest_use(spawner_times) -> datetime.datetime | None:
+    """The newest of a user's spawners' `last_activity` and `started` (naive UTC, as
+    JupyterHub keeps them), aware; None when there is none."""
     times = [t if t.tzinfo else t.replace(tzinfo=datetime.UTC) for t in spawner_times if t]
-    if times:
-        return max(times)
+    return max(times, default=None)
+
+
+def last_use(disk: str, spawner_times) -> datetime.datetime:
+    """When a disk was last used: `newest_use(spawner_times)`, else the disk folder's mtime."""
+    newest = newest_use(spawner_times)
+    if newest is not None:
+        return newest
     return datetime.datetime.fromtimestamp(os.stat(disk).st_mtime, datetime.UTC)
 
 
@@ -69,22 +76,38 @@ def archive_user_disk(
 ) -> Archived | None:
     """Archive `user`'s disk (blocking). With `idle_before`, only when it was last used
     before then (None: it was not). Refused (a Refused or ArchiveBusy) when there is no
-    disk, it is archived already, or a server is running or starting on it."""
-    name = disk_dirname(user)
-    disk = os.path.join(disk_root, name)
-    folder = disk_archive.archive_dir(data_dir, name)
-    if not os.path.isdir(disk):
-        raise Refused(f"{user} has no disk")
-    with DiskLock(data_dir, name):
+    disk, it is archived already, or a server is running or starting on it. What refuses
+    cheaply is checked before the disk's lock is taken (a refusal writes nothing) and again
+    once it is held."""
+    name, disk, folder = _paths(data_dir, disk_root, user)
+
+    def refuse() -> None:
+        if not os.path.isdir(disk):
+            raise Refused(f"{user} has no disk")
         marker = disk_archive.archived(folder)
         if marker is not None:
             raise Refused(f"{user}'s disk is archived already ({marker.archive})")
+
+    def idle() -> bool:
+        return idle_before is None or last_use(disk, spawner_times) <= idle_before
+
+    refuse()
+    if not idle():
+        return None
+    with DiskLock(data_dir, name):
+        refuse()
         why = server_on_disk(data_dir, disk)
         if why:
             raise Refused(f"{user}'s server is running: {why}; stop it first")
-        if idle_before is not None and last_use(disk, spawner_times) > idle_before:
+        if not idle():
             return None
         return disk_archive.archive_idle(disk, folder, now)
+
+
+def _paths(data_dir: str, disk_root: str, user: str) -> tuple[str, str, str]:
+    """A user's disk folder name, disk and archive folder."""
+    name = disk_dirname(user)
+    return name, os.path.join(disk_root, name), disk_archive.archive_dir(data_dir, name)
 
 
 # ---------------------------------------------------------------------- the CLI
@@ -137,6 +160,17 @@ def _user(args) -> str:
     return args.user
 
 
+@contextlib.contextmanager
+def _one_line(user: str):
+    """Archive errors as a command's one line (a busy disk: try again)."""
+    try:
+        yield
+    except ArchiveBusy:
+        raise CliError(f"{user}'s disk is being started, archived or restored; try again") from None
+    except ArchiveError as e:
+        raise CliError(str(e)) from None
+
+
 def disk_list(args) -> int:
     local, c = _local(args)
     users = _hub_users(c)
@@ -150,21 +184,20 @@ def disk_list(args) -> int:
         name, _id, times = users.get(folder, (f"{folder} (no account)", None, []))
         disk = os.path.join(local.disk_root, folder)
         archive_folder = disk_archive.archive_dir(local.data_dir, folder)
+        has_disk = os.path.isdir(disk)
+        size = "-"
         try:
             marker = disk_archive.archived(archive_folder)
         except ArchiveError:
-            marker = None
-            state = "marker damaged"
+            marker, state = None, "marker damaged"
         else:
-            state = f"archived {marker.day}" if marker else "on disk"
-        if os.path.isdir(disk):
-            used = last_use(disk, times).strftime("%Y-%m-%d %H:%M")
+            if marker is not None:
+                state, size = f"archived {marker.day}", f"{gib(marker.disk_bytes)} (archived)"
+            else:
+                state = "on disk" if has_disk else "no disk"
+        if has_disk and marker is None:
             size = gib(disk_archive.tree_bytes(disk))
-        else:
-            used, size = "-", "-"
-            state = state if marker else "no disk"
-        if marker:
-            size = f"{gib(marker.disk_bytes)} (archived)"
+        used = last_use(disk, times).strftime("%Y-%m-%d %H:%M") if has_disk else "-"
         archived_bytes = disk_archive.tree_bytes(archive_folder)
         rows.append((name, size, used, state, gib(archived_bytes) if archived_bytes else "-"))
     if len(rows) == 1:
@@ -179,7 +212,7 @@ def disk_list(args) -> int:
 
 
 def _refuse_running(c, local, user: str) -> None:
-    disk = os.path.join(local.disk_root, disk_dirname(user))
+    _name, disk, _folder = _paths(local.data_dir, local.disk_root, user)
     why = server_on_disk(local.data_dir, disk)
     if why or _hub_server(c, user):
         raise CliError(f"{user}'s server is running or starting: stop it first")
@@ -189,12 +222,8 @@ def disk_archive_command(args) -> int:
     local, c = _local(args)
     user = _user(args)
     _refuse_running(c, local, user)
-    try:
+    with _one_line(user):
         marker = archive_user_disk(local.data_dir, local.disk_root, user, disk_archive.utcnow())
-    except ArchiveBusy:
-        raise CliError(f"{user}'s disk is being started, archived or restored; try again") from None
-    except ArchiveError as e:
-        raise CliError(str(e)) from None
     assert marker is not None
     print(
         f"archived {user}'s disk ({gib(marker.disk_bytes)}) as {marker.archive}"
@@ -213,26 +242,18 @@ def _run_as(c, local, user: str) -> tuple[int, int] | None:
 def disk_restore(args) -> int:
     local, c = _local(args)
     user = _user(args)
-    name = disk_dirname(user)
-    folder = disk_archive.archive_dir(local.data_dir, name)
-    disk = os.path.join(local.disk_root, name)
-    try:
+    name, disk, folder = _paths(local.data_dir, local.disk_root, user)
+    with _one_line(user):
         if disk_archive.archived(folder) is None:
             raise CliError(f"{user}'s disk is not archived")
-    except ArchiveError as e:
-        raise CliError(str(e)) from None
     _refuse_running(c, local, user)
-    try:
-        with DiskLock(local.data_dir, name):
-            if disk_archive.archived(folder) is None:
-                raise CliError(f"{user}'s disk is not archived")
-            if server_on_disk(local.data_dir, disk):
-                raise CliError(f"{user}'s server is running: stop it first")
-            marker = disk_archive.restore_idle(disk, folder, _run_as(c, local, user))
-    except ArchiveBusy:
-        raise CliError(f"{user}'s disk is being started, archived or restored; try again") from None
-    except ArchiveError as e:
-        raise CliError(str(e)) from None
+    run_as = _run_as(c, local, user)
+    with _one_line(user), DiskLock(local.data_dir, name):
+        if server_on_disk(local.data_dir, disk):
+            raise CliError(f"{user}'s server is running: stop it first")
+        marker = disk_archive.restore_idle(disk, folder, run_as)
+    if marker is None:
+        raise CliError(f"{user}'s disk is not archived")
     print(
         f"restored {user}'s disk ({gib(marker.disk_bytes)}) from {marker.archive};"
         " the archive is kept until the disk's next idle archive replaces it"
@@ -243,9 +264,7 @@ def disk_restore(args) -> int:
 def disk_delete(args) -> int:
     local, c = _local(args)
     user = _user(args)
-    name = disk_dirname(user)
-    folder = disk_archive.archive_dir(local.data_dir, name)
-    disk = os.path.join(local.disk_root, name)
+    name, disk, folder = _paths(local.data_dir, local.disk_root, user)
     has_disk = os.path.isdir(disk)
     has_archives = os.path.isdir(folder) and bool(os.listdir(folder))
     if not has_disk and not (args.archives and has_archives):
@@ -259,22 +278,18 @@ def disk_delete(args) -> int:
         what.append(f"{count} archive(s) in {folder} ({gib(disk_archive.tree_bytes(folder))})")
     if not args.yes:
         raise CliError(f"would delete {' and '.join(what)}; add --yes to delete")
-    try:
-        with DiskLock(local.data_dir, name):
-            if server_on_disk(local.data_dir, disk):
-                raise CliError(f"{user}'s server is running: stop it first")
-            if has_disk:
-                disk_archive.empty_disk(disk)
-                os.rmdir(disk)
-                disk_archive.forget_size(disk)
-            if args.archives and has_archives:
-                shutil.rmtree(folder)
-            elif os.path.exists(os.path.join(folder, disk_archive.MARKER)):
-                # the next start begins on a new disk; the archives stay where they are
-                os.unlink(os.path.join(folder, disk_archive.MARKER))
-                what.append("the mark that restored the archive at the next start")
-    except ArchiveBusy:
-        raise CliError(f"{user}'s disk is being started, archived or restored; try again") from None
+    with _one_line(user), DiskLock(local.data_dir, name):
+        if server_on_disk(local.data_dir, disk):
+            raise CliError(f"{user}'s server is running: stop it first")
+        if has_disk:
+            disk_archive.empty_disk(disk)
+            os.rmdir(disk)
+            disk_archive.forget_size(disk)
+        if args.archives and has_archives:
+            shutil.rmtree(folder)
+        elif disk_archive.forget_archived(folder) is not None:
+            # the next start begins on a new disk; the archives stay where they are
+            what.append("the mark that restored the archive at the next start")
     kept = ""
     if has_archives and not args.archives:
         kept = f"; kept {len(disk_archive.archives(folder))} archive(s) in {folder} (--archives deletes them)"

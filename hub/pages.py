@@ -226,26 +226,33 @@ class WalletPage(MeterhubPage):
 
     async def disk_data(self) -> dict | None:
         """The user's disk (local backend; None elsewhere): its size (measured at most once
-        a minute), over the quota or not, archived or not."""
+        a minute, one walk a disk shared with its spawns, waited for a bounded time), over
+        the quota or not, archived or not."""
+        from meterhub.spawner.local import DISK_SIZE_WAIT_SECONDS
+
         spawner = self.current_user.spawner
         if not isinstance(spawner, LocalGPUSpawner):
             return None
 
-        def read() -> tuple[int, disk_archive.Archived | None]:
+        def read_marker() -> disk_archive.Archived | None:
             try:
-                marker = disk_archive.archived(spawner.disk_archive_dir)
+                return disk_archive.archived(spawner.disk_archive_dir)
             except disk_archive.ArchiveError:
-                marker = None
-            if marker is not None:
-                return marker.disk_bytes, marker
-            return disk_archive.disk_bytes(spawner.disk_path), None
+                return None
 
-        size, marker = await asyncio.to_thread(read)
+        marker = await asyncio.to_thread(read_marker)
+        size: int | None = marker.disk_bytes if marker is not None else None
+        if marker is None:
+            walk = asyncio.wrap_future(disk_archive.measure(spawner.disk_path))
+            try:
+                size = await asyncio.wait_for(walk, DISK_SIZE_WAIT_SECONDS)
+            except TimeoutError:
+                size = None  # a big disk: measured on, shown at a later visit
         quota = spawner.disk_quota_gib
         return {
-            "size": disk_archive.gib(size),
+            "size": "still being measured" if size is None else disk_archive.gib(size),
             "quota": None if quota is None else f"{quota:g}",
-            "over": quota is not None and size > quota * GIB,
+            "over": quota is not None and size is not None and size > quota * GIB,
             "archived_on": marker.day if marker else "",
         }
 

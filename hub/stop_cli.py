@@ -7,12 +7,13 @@ another program) is recognised by the process's command line and start time, nev
 
 from __future__ import annotations
 
-import functools
 import os
 import shlex
 import signal
 import time
-from dataclasses import dataclass
+
+from meterhub.spawner import procs
+from meterhub.spawner.procs import Process, read_process
 
 from .billing_cli import CliError
 
@@ -43,45 +44,10 @@ class StillRunning(CliError):
     exit_code = 4
 
 
-@dataclass(frozen=True)
-class Process:
-    pid: int
-    ppid: int
-    #: one letter of /proc/PID/stat: R, S, D, T, Z ...
-    state: str
-    #: clock ticks after boot: with the pid, what tells this process from a later one
-    started_ticks: int
-    argv: tuple[bytes, ...]
-
-    @property
-    def started_at(self) -> float:
-        """Epoch seconds."""
-        return _boot_time() + self.started_ticks / os.sysconf("SC_CLK_TCK")
-
-    def command(self, limit: int = 80) -> str:
-        text = shlex.join(a.decode(errors="replace") for a in self.argv) or "?"
-        return text if len(text) <= limit else text[: limit - 1] + "…"
-
-
-@functools.cache
-def _boot_time() -> float:
-    with open("/proc/stat") as f:
-        for line in f:
-            if line.startswith("btime "):
-                return float(line.split()[1])
-    return 0.0
-
-
-def read_process(pid: int) -> Process | None:
-    """The process `pid` now, or None when there is none."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            argv = tuple(a for a in f.read().split(b"\0") if a)
-    except (OSError, IndexError, ValueError):
-        return None
-    return Process(pid, int(fields[1]), fields[0], int(fields[19]), argv)
+def command(process: Process, limit: int = 80) -> str:
+    """A process's command line for people, cut at `limit` characters."""
+    text = shlex.join(a.decode(errors="replace") for a in process.argv) or "?"
+    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 def alive(process: Process) -> bool:
@@ -96,13 +62,7 @@ def alive(process: Process) -> bool:
 
 
 def children(pid: int) -> list[Process]:
-    found = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            process = read_process(int(entry))
-            if process is not None and process.ppid == pid:
-                found.append(process)
-    return found
+    return [p for p in procs.scan() if p.ppid == pid]
 
 
 def is_meterhub_serve(argv: tuple[bytes, ...]) -> bool:
@@ -203,7 +163,7 @@ def find_hub(data_dir: str) -> tuple[Process | None, str]:
         return None, f"{none}: {path} names pid {pid}, which is gone ({stale})"
     if not is_meterhub_serve(process.argv):
         return None, (
-            f"{none}: {path} names pid {pid}, which is now `{process.command()}`, not"
+            f"{none}: {path} names pid {pid}, which is now `{command(process)}`, not"
             f" meterhub serve ({stale})"
         )
     if process.started_at > written_at + START_SLACK_SECONDS:

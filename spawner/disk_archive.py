@@ -14,6 +14,7 @@ never deleted here. All functions are blocking: call them off the event loop.
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import datetime
 import fcntl
@@ -58,7 +59,8 @@ def archive_dir(data_dir: str, disk_name: str) -> str:
 
 def archive_disk(disk: str, archive_dir: str, label: str, now: datetime.datetime) -> str:
     """Archive `disk`'s contents to `archive_dir` (made 0700) as STAMP-LABEL.tar.gz;
-    returns the archive's name. Symlinks are archived as links, never followed."""
+    returns the archive's name. Symlinks are archived as links, never followed; a missing
+    disk makes an empty archive."""
     label = re.sub(r"[^a-z0-9._-]+", "-", label.lower())[:80].strip("-") or "archive"
     os.makedirs(archive_dir, mode=0o700, exist_ok=True)
     os.chmod(archive_dir, 0o700)
@@ -66,13 +68,7 @@ def archive_disk(disk: str, archive_dir: str, label: str, now: datetime.datetime
     path = os.path.join(archive_dir, name)
     if os.path.exists(path):
         raise ArchiveError(f"an archive named {name} exists already; try again in a second")
-    partial = path + ".partial"
-    fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "wb") as raw, tarfile.open(fileobj=raw, mode="w:gz") as tar:
-        if os.path.isdir(disk):
-            for entry in sorted(os.listdir(disk)):
-                tar.add(os.path.join(disk, entry), arcname=entry, recursive=True)
-    os.replace(partial, path)
+    _write_tar(disk, path)
     return name
 
 
@@ -150,11 +146,10 @@ def restore_disk(disk: str, archive_path: str, run_as: tuple[int, int] | None) -
             tar.extractall(disk, filter=_inside)
     except (tarfile.TarError, OSError) as e:
         raise ArchiveError(f"cannot restore {os.path.basename(archive_path)}: {e}") from None
-    for root, dirs, files in os.walk(disk):
-        for name in [*dirs, *files]:
-            path = os.path.join(root, name)
-            if run_as is not None:
-                os.lchown(path, *run_as)
+    if run_as is None:
+        return
+    for relative in _walk(disk):  # not os.walk: it recurses (a deep disk ends it)
+        os.lchown(os.path.join(disk, relative), *run_as)
 
 
 def _own(path: str, run_as: tuple[int, int] | None) -> None:
@@ -283,6 +278,71 @@ def _fsync_dir(path: str) -> None:
         os.close(fd)
 
 
+@dataclasses.dataclass(frozen=True)
+class _Written:
+    """What `_write_tar` put in an archive."""
+
+    entries: int
+    disk_bytes: int  # the regular files' sizes, uncompressed
+    sha256: str  # of the archive file, hex
+
+
+def _write_tar(disk: str, path: str) -> _Written:
+    """Write the archive `path` (0600) of everything below `disk` through `path.partial`:
+    fsync'd, read back (every entry there) and checksummed before it is renamed into place.
+    Links are archived as links, never followed; modes and owners are kept; sockets, pipes
+    and device files hold no data and are left out. The disk is walked here, not by
+    tarfile's recursion: a disk nested a thousand folders deep would end it in a
+    RecursionError. A failure removes the partial file and is an ArchiveError."""
+    partial = path + ".partial"
+    added, disk_bytes = 0, 0
+
+    def keep(member: tarfile.TarInfo) -> tarfile.TarInfo | None:
+        nonlocal added, disk_bytes
+        if not (member.isreg() or member.isdir() or member.issym() or member.islnk()):
+            return None
+        added += 1
+        disk_bytes += member.size if member.isreg() else 0
+        return member
+
+    try:
+        fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "wb") as raw:
+            with tarfile.open(fileobj=raw, mode="w:gz") as tar:
+                for relative in _walk(disk) if os.path.isdir(disk) else ():
+                    tar.add(
+                        os.path.join(disk, relative), arcname=relative, recursive=False, filter=keep
+                    )
+            raw.flush()
+            os.fsync(raw.fileno())
+        # read back before anything is removed: every member there, and the checksum of
+        # the bytes on the (file system's) disk
+        with open(partial, "rb") as raw:
+            reader = _HashingReader(raw)
+            with tarfile.open(fileobj=reader, mode="r|gz") as tar:
+                found = sum(1 for _ in tar)
+            while reader.read(CHUNK):
+                pass
+        if found != added:
+            raise ArchiveError(f"the archive of {disk} reads back {found} of {added} entries")
+        os.replace(partial, path)
+        _fsync_dir(os.path.dirname(path))
+    except (OSError, tarfile.TarError) as e:
+        _unlink_if_there(partial)
+        raise ArchiveError(f"cannot archive {disk}: {e}") from None
+    except BaseException:
+        _unlink_if_there(partial)
+        raise
+    return _Written(added, disk_bytes, reader.digest.hexdigest())
+
+
+def _unlink_if_there(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
 def archive_idle(disk: str, folder: str, now: datetime.datetime) -> Archived:
     """Archive the whole disk into `folder` as STAMP-idle.tar.gz with its SHA-256 beside it,
     read it back to check it, record the marker, then empty the disk (kept: its mode and
@@ -303,56 +363,13 @@ def archive_idle(disk: str, folder: str, now: datetime.datetime) -> Archived:
     path = os.path.join(folder, name)
     if os.path.exists(path):
         raise ArchiveError(f"an archive named {name} exists already; try again in a second")
-    partial = path + ".partial"
-    added, disk_bytes = 0, 0
-
-    def keep(member: tarfile.TarInfo) -> tarfile.TarInfo | None:
-        nonlocal added, disk_bytes
-        if not (member.isreg() or member.isdir() or member.issym() or member.islnk()):
-            return None
-        added += 1
-        disk_bytes += member.size if member.isreg() else 0
-        return member
-
-    try:
-        fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "wb") as raw:
-            with tarfile.open(fileobj=raw, mode="w:gz") as tar:
-                # walked here, not by tarfile's recursion: a disk nested a thousand folders
-                # deep would end it in a RecursionError
-                for relative in _walk(disk):
-                    tar.add(
-                        os.path.join(disk, relative), arcname=relative, recursive=False, filter=keep
-                    )
-            raw.flush()
-            os.fsync(raw.fileno())
-        # read back before anything is removed: every member there, and the checksum of
-        # the bytes on the (file system's) disk
-        with open(partial, "rb") as raw:
-            reader = _HashingReader(raw)
-            with tarfile.open(fileobj=reader, mode="r|gz") as tar:
-                found = sum(1 for _ in tar)
-            while reader.read(CHUNK):
-                pass
-        if found != added:
-            raise ArchiveError(f"the archive of {disk} reads back {found} of {added} entries")
-        sha256 = reader.digest.hexdigest()
-        os.replace(partial, path)
-        _fsync_dir(folder)
-    except (OSError, tarfile.TarError) as e:
-        if os.path.exists(partial):
-            os.unlink(partial)
-        raise ArchiveError(f"cannot archive {disk}: {e}") from None
-    except BaseException:
-        if os.path.exists(partial):
-            os.unlink(partial)
-        raise
-    _write_durably(checksum_path(path), f"{sha256}  {name}\n")
+    written = _write_tar(disk, path)
+    _write_durably(checksum_path(path), f"{written.sha256}  {name}\n")
     marker = Archived(
         archive=name,
-        sha256=sha256,
+        sha256=written.sha256,
         bytes=os.path.getsize(path),
-        disk_bytes=disk_bytes,
+        disk_bytes=written.disk_bytes,
         archived_at=now.astimezone(datetime.UTC).isoformat(timespec="seconds"),
     )
     _write_durably(os.path.join(folder, MARKER), json.dumps(dataclasses.asdict(marker)) + "\n")
@@ -550,6 +567,8 @@ class ArchiveBusy(ArchiveError):
 # ---------------------------------------------------------------------- sizes
 
 _sizes: dict[str, tuple[float, int]] = {}
+#: the walk in flight of each disk being measured: one a disk, whoever asks
+_walks: dict[str, concurrent.futures.Future] = {}
 _sizes_lock = threading.Lock()
 
 
@@ -579,21 +598,55 @@ def tree_bytes(top: str) -> int:
     return total
 
 
-def disk_bytes(disk: str, max_age_seconds: float = SIZE_CACHE_SECONDS) -> int:
-    """`tree_bytes(disk)`, measured at most once per `max_age_seconds` per disk."""
+def measure(disk: str, max_age_seconds: float = SIZE_CACHE_SECONDS) -> concurrent.futures.Future:
+    """The size of `disk` (`tree_bytes`) as a future: done when it was measured less than
+    `max_age_seconds` ago, else the walk in flight for that disk (started here, in a thread
+    of its own, when none is). Never blocks: the event loop may call it, and wait for the
+    result with a bound (`asyncio.wrap_future`); the walk goes on whoever stops waiting."""
     with _sizes_lock:
         cached = _sizes.get(disk)
-    if cached is not None and time.monotonic() - cached[0] < max_age_seconds:
-        return cached[1]
-    size = tree_bytes(disk)
+        if cached is not None and time.monotonic() - cached[0] < max_age_seconds:
+            done: concurrent.futures.Future = concurrent.futures.Future()
+            done.set_result(cached[1])
+            return done
+        walk = _walks.get(disk)
+        if walk is None:
+            walk = _walks[disk] = concurrent.futures.Future()
+            walk.set_running_or_notify_cancel()  # a waiter that gives up cannot cancel it
+            threading.Thread(
+                target=_measure, args=(disk, walk), name="meterhub-disk-size", daemon=True
+            ).start()
+    return walk
+
+
+def _measure(disk: str, walk: concurrent.futures.Future) -> None:
+    try:
+        size = tree_bytes(disk)
+    except BaseException as e:
+        with _sizes_lock:
+            if _walks.get(disk) is walk:
+                del _walks[disk]
+        walk.set_exception(e)
+        return
     with _sizes_lock:
-        _sizes[disk] = (time.monotonic(), size)
-    return size
+        if _walks.get(disk) is walk:  # else the disk was archived or emptied meanwhile
+            del _walks[disk]
+            _sizes[disk] = (time.monotonic(), size)
+    walk.set_result(size)
+
+
+def disk_bytes(disk: str, max_age_seconds: float = SIZE_CACHE_SECONDS) -> int:
+    """`tree_bytes(disk)`, measured at most once per `max_age_seconds` per disk, by one walk
+    at a time (blocking)."""
+    return measure(disk, max_age_seconds).result()
 
 
 def forget_size(disk: str) -> None:
+    """Drop the disk's measured size, and the result of a walk in flight (it may have
+    counted files that are gone)."""
     with _sizes_lock:
         _sizes.pop(disk, None)
+        _walks.pop(disk, None)
 
 
 def gib(nbytes: int) -> str:
@@ -601,8 +654,3 @@ def gib(nbytes: int) -> str:
     if nbytes < 1024**3 // 10:
         return f"{nbytes / 1024**2:.1f} MiB"
     return f"{nbytes / 1024**3:.1f} GiB"
-
-
-def archive_folder_bytes(folder: str) -> int:
-    """What a disk's archives take (every archive and its checksum)."""
-    return tree_bytes(folder)

@@ -11,6 +11,7 @@ started before it frees those GPUs.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import dataclasses
 import functools
 import hashlib
@@ -35,7 +36,7 @@ from jupyterhub.utils import maybe_future, random_port
 from tornado import web
 from traitlets import Any, Bool, Dict, Enum, Float, Int, List, Unicode, default
 
-from . import cgroups, disk_archive
+from . import cgroups, disk_archive, procs
 from .allocator import GpuAllocator, NotEnoughGpus
 from .catalog import Choice, GpuType, InvalidChoice
 from .form import render_options_form
@@ -58,7 +59,9 @@ KILL_TIMEOUT_SECONDS = 5
 RECORDS_DIR = "servers.d"
 #: how often a spawn looks again whether its disk's archiving has finished
 DISK_LOCK_POLL_SECONDS = 0.5
-#: how long a spawn waits for its disk to be measured against the quota (the walk goes on)
+#: how long the Wallet page waits for a disk to be measured against the quota (the walk goes
+#: on; a spawn does not wait: it reports the quota only if the walk ended by the time its
+#: server answers)
 DISK_SIZE_WAIT_SECONDS = 10
 
 
@@ -303,39 +306,13 @@ def server_processes(
     return ServerProcesses(frozenset(proven), frozenset(pids))
 
 
-@functools.cache
-def _boot_time() -> float:
-    with open("/proc/stat") as f:
-        for line in f:
-            if line.startswith("btime "):
-                return float(line.split()[1])
-    return 0.0
+#: when the kernel booted (epoch seconds); kept under this name for older callers
+_boot_time = procs.boot_time
 
 
 def scan_processes(proc: str = "/proc") -> list[ProcessInfo]:
     """Every process this hub can see (blocking)."""
-    ticks = os.sysconf("SC_CLK_TCK")
-    found = []
-    for entry in os.listdir(proc):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"{proc}/{entry}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-            with open(f"{proc}/{entry}/cmdline", "rb") as f:
-                argv = tuple(f.read().split(b"\0"))
-        except (OSError, IndexError):
-            continue  # it exited meanwhile
-        found.append(
-            ProcessInfo(
-                pid=int(entry),
-                pgid=int(fields[2]),
-                state=fields[0],
-                started_at=_boot_time() + int(fields[19]) / ticks,
-                argv=argv,
-            )
-        )
-    return found
+    return [ProcessInfo(p.pid, p.pgid, p.state, p.started_at, p.argv) for p in procs.scan(proc)]
 
 
 def _signal_processes(found: ServerProcesses, sig: int) -> None:
@@ -1048,6 +1025,7 @@ class LocalGPUSpawner(CatalogOptions, LocalProcessSpawner):
             await asyncio.to_thread(write_record, self.data_dir, record)
             self._progress(80, "Waiting for JupyterLab to answer")
             await self._wait_for_port_or_exit()
+            self._warn_over_quota()
             self.last_seen_alive, self.exited_after = int(time.time()), None
         except BaseException:
             disk_lock.release()
@@ -1184,8 +1162,9 @@ class LocalGPUSpawner(CatalogOptions, LocalProcessSpawner):
 
     async def _claim_disk(self, lock: disk_archive.DiskLock) -> None:
         """Hold the disk's lock (waiting out an archiving in progress) until the server's
-        record names the disk; put an archived disk back; say when it is over the quota.
-        A disk that cannot be restored fails the spawn: never a start on an empty disk."""
+        record names the disk; put an archived disk back; start measuring it against the
+        quota (never waited for under the lock: see `_warn_over_quota`). A disk that cannot
+        be restored fails the spawn: never a start on an empty disk."""
         if not await asyncio.to_thread(lock.acquire):
             self._progress(30, "Waiting for your disk's archiving to finish")
             while not await asyncio.to_thread(lock.acquire):
@@ -1207,25 +1186,32 @@ class LocalGPUSpawner(CatalogOptions, LocalProcessSpawner):
                 f"Your disk is archived and could not be restored: {e}. Nothing was started;"
                 " your files stay in the archive. Ask the operator (`meterhub disk restore`).",
             ) from None
-        await self._warn_over_quota()
+        if self.disk_quota_gib is not None:
+            # one walk a disk, shared with the Wallet page; it goes on while the server starts
+            self._disk_size = disk_archive.measure(self.disk_path)
 
-    async def _warn_over_quota(self) -> None:
-        """A progress message when the disk holds more than `disk_quota_gib`; a disk too big
-        to measure in DISK_SIZE_WAIT_SECONDS is measured on (for the Wallet page) unwaited."""
+    _disk_size: concurrent.futures.Future | None = None
+
+    def _warn_over_quota(self) -> None:
+        """Once the server answers: a progress message when the disk holds more than
+        `disk_quota_gib`, if the walk `_claim_disk` started has ended by then (a bigger
+        disk is measured on, unwaited, for the Wallet page)."""
+        measuring, self._disk_size = self._disk_size, None
         quota = self.disk_quota_gib
-        if quota is None:
+        if measuring is None or quota is None:
             return
-        measuring = asyncio.ensure_future(
-            asyncio.to_thread(disk_archive.disk_bytes, self.disk_path)
-        )
-        try:
-            size = await asyncio.wait_for(asyncio.shield(measuring), DISK_SIZE_WAIT_SECONDS)
-        except TimeoutError:
+        if not measuring.done():
             self.log.info("%s: the disk is still being measured; no quota check", self._log_name)
             return
+        if measuring.exception() is not None:
+            self.log.warning(
+                "%s: cannot measure the disk: %s", self._log_name, measuring.exception()
+            )
+            return
+        size = measuring.result()
         if size > quota * GIB:
             self._progress(
-                38,
+                90,
                 f"Your disk holds {disk_archive.gib(size)}, over the site's {quota:g} GiB quota:"
                 " please delete what you no longer need (the server starts anyway)",
             )

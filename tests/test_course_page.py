@@ -21,6 +21,7 @@ import pytest
 import requests
 
 from meterhub.hub.course_pages import launch_link
+from meterhub.spawner.local import ServerRecord, remove_record, write_record
 
 from .hubprocess import ADMIN_TOKEN, until
 from .test_group_page import meterhub, sign_in
@@ -279,6 +280,19 @@ def test_a_reset_archives_the_disk_copies_the_materials_and_a_restore_brings_it_
         assert r.status == 409 and "s server first." in r.text()
     finally:
         course_hub.stop_server("amy")
+    # a start that got past the page's check: its runtime record names the disk, and the
+    # reset, under the disk's lock, refuses it and changes nothing
+    before = sorted(p.name for p in disk.iterdir())
+    write_record(course_hub.data_dir, ServerRecord(owner="race/", marker=str(disk), started_at=0))
+    try:
+        r = page.request.post(
+            f"{course_hub.url}/hub/courses/{COURSE}/reset",
+            form={"user": "amy", "confirm": "yes", "_xsrf": xsrf_of(page)},
+        )
+        assert r.status == 409 and "a server is running on it" in r.text(), r.text()
+    finally:
+        remove_record(course_hub.data_dir, "race/")
+    assert sorted(p.name for p in disk.iterdir()) == before
     r = page.request.post(
         f"{course_hub.url}/hub/courses/{COURSE}/restore",
         form={"user": "amy", "archive": "../../../etc/passwd", "_xsrf": xsrf_of(page)},

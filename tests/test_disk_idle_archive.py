@@ -251,9 +251,42 @@ def test_disk_sizes_count_files_once_follow_no_links_and_are_cached(tmp_path):
     (disk / "more.bin").write_bytes(b"y" * 100)
     assert disk_archive.disk_bytes(str(disk)) == size  # cached for a minute
     assert disk_archive.disk_bytes(str(disk), max_age_seconds=0) == size + 100
+    disk_archive.archive_idle(str(disk), str(tmp_path / "archives"), NOW)
+    assert disk_archive.disk_bytes(str(disk)) == 0, "an archived disk's size is measured anew"
     disk_archive.forget_size(str(disk))
     assert disk_archive.gib(3 * 1024**3 // 2) == "1.5 GiB"
     assert disk_archive.gib(5 * 1024**2) == "5.0 MiB"
+
+
+def test_one_walk_a_disk_serves_every_caller_and_nobody_waits_to_start_it(tmp_path, monkeypatch):
+    """A spawn and the Wallet page asking at once share one walk; a walk forgotten meanwhile
+    (the disk was archived) answers its callers but is not cached."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    (disk / "f.bin").write_bytes(b"x" * 7)
+    release, walks = threading.Event(), []
+    real = disk_archive.tree_bytes
+
+    def slow(top: str) -> int:  # a disk that takes a while to walk
+        walks.append(top)
+        release.wait(10)
+        return real(top)
+
+    monkeypatch.setattr(disk_archive, "tree_bytes", slow)
+    first = disk_archive.measure(str(disk))
+    second = disk_archive.measure(str(disk))
+    assert first is second and not first.done()
+    assert not first.cancel(), "a caller that stops waiting cannot cancel it"
+    release.set()
+    assert first.result(10) == 7 and walks == [str(disk)]
+    assert disk_archive.measure(str(disk)).result(0) == 7 and len(walks) == 1  # cached
+    release.clear()
+    stale = disk_archive.measure(str(disk), max_age_seconds=0)
+    disk_archive.forget_size(str(disk))
+    release.set()
+    assert stale.result(10) == 7
+    assert disk_archive.measure(str(disk)) is not stale and len(walks) == 3, "not cached"
+    disk_archive.forget_size(str(disk))
 
 
 # ---------------------------------------------------------------------- the rule
@@ -302,10 +335,30 @@ def cli(site: Path, *argv: str):
     return run_cli(["disk", *argv, "--config", str(site)])
 
 
-def one_line_refusal(result, text: str) -> None:
+def listing(site: Path) -> dict:
+    """Every entry below the site's data directory, with its kind, size and mtime."""
+    data = Path(yaml.safe_load(site.read_text())["data_dir"])
+    found = {}
+    for root, dirs, files in os.walk(data):
+        for name in dirs + files:
+            info = os.lstat(Path(root) / name)
+            found[os.path.join(root, name)] = (
+                stat.S_IFMT(info.st_mode),
+                info.st_size,
+                info.st_mtime_ns,
+            )
+    return found
+
+
+def one_line_refusal(site: Path, argv: tuple[str, ...], text: str):
+    """`meterhub disk ARGV` refuses with one line holding `text`, and writes nothing."""
+    before = listing(site)
+    result = cli(site, *argv)
     assert result.returncode != 0, result
     assert result.stdout == "" and result.stderr.count("\n") == 1, result.stderr
     assert text in result.stderr, result.stderr
+    assert listing(site) == before, f"{argv} refused, but wrote"
+    return result
 
 
 def test_the_cli_lists_archives_restores_and_deletes_only_when_told(site, tmp_path):
@@ -327,24 +380,28 @@ def test_the_cli_lists_archives_restores_and_deletes_only_when_told(site, tmp_pa
     assert os.listdir(disk) == []
     listed = cli(site, "list").stdout
     assert "archived 20" in listed.splitlines()[1], listed
-    one_line_refusal(cli(site, "archive", "ada"), "archived already")
+    one_line_refusal(site, ("archive", "ada"), "archived already")
 
     restored = cli(site, "restore", "ada")
     assert restored.returncode == 0, restored.stderr
     assert (disk / "notes" / "a.txt").read_text() == "alpha"
-    one_line_refusal(cli(site, "restore", "ada"), "not archived")
+    one_line_refusal(site, ("restore", "ada"), "not archived")
 
     # without --yes: says what it would delete, deletes nothing
     before = snapshot(disk)
-    refused = cli(site, "delete", "ada")
-    one_line_refusal(refused, f"would delete {disk}")
+    refused = one_line_refusal(site, ("delete", "ada"), f"would delete {disk}")
     assert "add --yes" in refused.stderr and snapshot(disk) == before
+    disk_archive.archive_idle(str(disk), str(data / "archives" / "ada"), NOW)  # named apart
+    marker = data / "archives" / "ada" / "archived.json"
+    assert marker.exists()
     deleted = cli(site, "delete", "ada", "--yes")
     assert deleted.returncode == 0, deleted.stderr
     assert not disk.exists()
+    assert not marker.exists(), "the next start begins on a new disk, restoring nothing"
+    assert "the mark that restored the archive at the next start" in deleted.stdout
     assert "kept 1 archive(s)" in deleted.stdout, deleted.stdout
     assert disk_archive.archives(str(data / "archives" / "ada"))
-    one_line_refusal(cli(site, "delete", "ada", "--yes"), "ada has no disk (see --archives)")
+    one_line_refusal(site, ("delete", "ada", "--yes"), "ada has no disk (see --archives)")
     gone = cli(site, "delete", "ada", "--yes", "--archives")
     assert gone.returncode == 0 and "1 archive(s)" in gone.stdout, gone
     assert not (data / "archives" / "ada").exists()
@@ -356,15 +413,19 @@ def test_the_cli_refuses_a_running_server_a_missing_disk_and_bad_input(site, tmp
     make_disk(disk)
     before = snapshot(disk)
     write_record(str(data), ServerRecord(owner="7/", marker=str(disk), started_at=0))
-    one_line_refusal(cli(site, "archive", "ada"), "ada's server is running or starting")
-    one_line_refusal(cli(site, "delete", "ada", "--yes"), "ada's server is running or starting")
+    one_line_refusal(site, ("archive", "ada"), "ada's server is running or starting")
+    one_line_refusal(site, ("delete", "ada", "--yes"), "ada's server is running or starting")
     assert snapshot(disk) == before and not (data / "archives").exists()
-    one_line_refusal(cli(site, "archive", "cyd"), "cyd has no disk")
-    one_line_refusal(cli(site, "restore", "cyd"), "cyd's disk is not archived")
-    one_line_refusal(cli(site, "archive", ""), "USER: a user name")
+    one_line_refusal(site, ("archive", "cyd"), "cyd has no disk")
+    make_disk(data / "disks" / "bob")
+    disk_archive.archive_idle(str(data / "disks" / "bob"), str(data / "archives" / "bob"), NOW)
+    # refused before the disk's lock is taken: not even a lock file is written
+    one_line_refusal(site, ("archive", "bob"), "archived already")
+    one_line_refusal(site, ("restore", "cyd"), "cyd's disk is not archived")
+    one_line_refusal(site, ("archive", ""), "USER: a user name")
     kube = tmp_path / "kube.yaml"
     kube.write_text(yaml.safe_dump({"data_dir": str(data), "backend": "kubernetes"}))
-    one_line_refusal(cli(kube, "list"), "PersistentVolumeClaims")
+    one_line_refusal(kube, ("list",), "PersistentVolumeClaims")
 
 
 # ---------------------------------------------------------------------- a real hub
@@ -438,6 +499,20 @@ async def test_a_real_hub_archives_a_stopped_disk_and_restores_it_at_the_next_st
         assert f"archived on {marker.day}; restored at your next start" in wallet_of_admin(hub)
         listed = run_cli(["disk", "list", "--config", str(hub.config_path)])
         assert "admin" in listed.stdout and f"archived {marker.day}" in listed.stdout, listed
+
+        # a damaged archive: the spawn is refused, nothing starts, nothing is lost
+        whole = archive.read_bytes()
+        damaged = bytearray(whole)
+        damaged[len(damaged) // 2] ^= 0xFF
+        archive.write_bytes(bytes(damaged))
+        refused = hub.api("POST", "/users/admin/server", json={"profile": "debug"})
+        assert refused.status_code == 500, (refused.status_code, refused.text)
+        assert "could not be restored" in refused.text, refused.text
+        assert "does not match its checksum" in refused.text, refused.text
+        until(lambda: hub.server("admin") is None, "the refused spawn to be cleared")
+        assert os.listdir(disk) == [] and disk_archive.archived(str(folder)) == marker
+        assert archive.read_bytes() == bytes(damaged), "kept as it is, for the operator"
+        archive.write_bytes(whole)  # the operator puts the good copy back
 
         text = progress_of_a_spawn(hub, "admin", {"profile": "debug"})
         until(lambda: (s := hub.server("admin")) and s["ready"], "admin's server, again")

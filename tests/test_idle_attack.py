@@ -97,28 +97,42 @@ def test_hole_a_hard_link_to_a_symlink_in_an_idle_archive_is_refused_and_touches
     assert os.listdir(disk) == [], "an archive with such a member is refused whole"
 
 
-def test_a_disk_nested_deeper_than_python_recurses_archives_and_restores(tmp_path):
-    """A user can nest 1100 folders (2200 characters, under PATH_MAX): tarfile.add's and
-    shutil.rmtree's recursion end in a RecursionError (which the hub's idle loop used to
-    take for its own failure, archiving nobody after that user). The archive walks the disk
-    itself: the deep disk goes and comes back whole."""
-    disk, folder = tmp_path / "disk", tmp_path / "archives"
-    disk.mkdir()
+def _nest(disk: Path, name: str, depth: int = 1100) -> Path:
+    """`depth` folders named `name`, one in the other, below `disk`; the file at the bottom."""
     here = os.getcwd()
     try:
         os.chdir(disk)
-        for _ in range(1100):
-            os.mkdir("a")
-            os.chdir("a")
-        Path("bottom.txt").write_text("deep\n")
+        for _ in range(depth):
+            os.mkdir(name)
+            os.chdir(name)
+        Path("bottom.txt").write_text(f"deep {name}\n")
     finally:
         os.chdir(here)
-    deepest = disk.joinpath(*["a"] * 1100, "bottom.txt")
+    return disk.joinpath(*[name] * depth, "bottom.txt")
+
+
+def test_a_disk_nested_deeper_than_python_recurses_archives_and_restores(tmp_path):
+    """A user can nest 1100 folders (2200 characters, under PATH_MAX): tarfile.add's,
+    os.walk's and shutil.rmtree's recursion end in a RecursionError (which the hub's idle
+    loop used to take for its own failure, archiving nobody after that user). Every archive
+    walks the disk itself: the deep disk goes and comes back whole, by an idle archive, a
+    staff archive (a course reset) and the copy a restore makes of what lies on the disk."""
+    disk, folder = tmp_path / "disk", tmp_path / "archives"
+    disk.mkdir()
+    deepest = _nest(disk, "a")
     try:
+        reset = disk_archive.archive_disk(str(disk), str(folder), "reset", NOW)
+        assert not list(folder.glob("*.partial"))
         _archive(disk, folder)
         assert os.listdir(disk) == [] and disk_archive.archived(str(folder)) is not None
+        stray = _nest(disk, "b")  # a non-empty, deep disk under the archived one
         disk_archive.restore_idle(str(disk), str(folder), None)
-        assert deepest.read_text() == "deep\n"
+        assert deepest.read_text() == "deep a\n" and os.listdir(disk) == ["a"]
+        saved = [n for n in disk_archive.archives(str(folder)) if "before-idle-restore" in n]
+        assert len(saved) == 1 and not list(folder.glob("*.partial"))
+        for name, bottom in ((saved[0], stray), (reset, deepest)):
+            disk_archive.restore_disk(str(disk), str(folder / name), (os.getuid(), os.getgid()))
+            assert bottom.read_text() == bottom.parent.name.join(("deep ", "\n"))
     finally:
         disk_archive.empty_disk(str(disk))  # pytest's own clean-up recurses too
 
