@@ -82,6 +82,8 @@ async def authorize_spawn(spawner) -> None:
     except DBAPIError:
         spawner.log.exception("Ledger database error while authorizing %s", spawner._log_name)
         raise web.HTTPError(503, BILLING_DOWN, reason="Billing unavailable") from None
+    # a backend that can limit a server's run time (a Slurm job's --time) reads it
+    spawner.credit_seconds = auth.runway_seconds
     spawner.log.info(
         "Billing session %s for %s: %s at %s/h, paid by %s",
         auth.session_id,

@@ -74,11 +74,49 @@ class NoCapacity(LedgerError):
     """A pass that the GPUs cannot honour beside the passes already sold."""
 
 
+def covered_until(passes, now: int) -> int | None:
+    """Until when passes (start, end) cover a session starting now without a gap; None
+    if none covers now."""
+    end = None
+    for start, stop in sorted(passes):
+        if start <= (now if end is None else end) and stop > (now if end is None else end):
+            end = stop
+    return end
+
+
+def session_runway(
+    covered_until: int | None,
+    now: int,
+    available_micros: int,
+    rate_micros_per_hour: int,
+    max_cost_micros: int | None,
+    max_seconds: int | None,
+) -> int | None:
+    """The longest a session can run paid (a backend's time limit: a job the hub loses
+    sight of cannot run free): its pass's time, then the credit at its rate, within its
+    own caps. An upper bound: the wallet's other sessions spend the same credit."""
+    passed = max(0, covered_until - now) if covered_until is not None else 0
+    limits = []
+    credit = seconds_covered(available_micros, rate_micros_per_hour)
+    if credit is not None:
+        limits.append(passed + credit)
+    if max_cost_micros is not None:
+        paid = seconds_covered(max_cost_micros, rate_micros_per_hour)
+        if paid is not None:
+            limits.append(passed + paid)
+    if max_seconds is not None:
+        limits.append(max_seconds)
+    return min(limits) if limits else None
+
+
 @dataclass(frozen=True)
 class Authorization:
     session_id: int
     balance_micros: int
     rate_micros_per_hour: int
+    #: the longest the session can run paid: a pass covering it, then the wallet's credit
+    #: (with the overdraft) at its rate, within the session's own caps; None: no limit
+    runway_seconds: int | None = None
 
 
 class Posted(NamedTuple):
@@ -463,7 +501,23 @@ class Postings:
             )
             db.add(session)
             db.flush()
-            return Authorization(session.id, account.balance_micros, rate_micros_per_hour)
+            covering = db.scalars(
+                select(Pass).where(
+                    Pass.wallet_id == account.id,
+                    Pass.profile == profile,
+                    Pass.gpus >= gpus,
+                    Pass.ends_at > now,
+                )
+            ).all()
+            runway = session_runway(
+                covered_until=covered_until(((p.starts_at, p.ends_at) for p in covering), now),
+                now=now,
+                available_micros=available,
+                rate_micros_per_hour=rate_micros_per_hour,
+                max_cost_micros=max_cost_micros,
+                max_seconds=max_seconds,
+            )
+            return Authorization(session.id, account.balance_micros, rate_micros_per_hour, runway)
 
     def mark_ready(self, session_id: int, at: int | None = None) -> None:
         """Charging starts here. Idempotent: the first ready time wins."""

@@ -135,14 +135,14 @@ def priced_catalog(config, ledger: Ledger):
 
 def pass_capacity(config) -> dict[str, int] | None:
     """GPUs per type that passes may reserve. The local backend: its inventory (declared in
-    the site config, or found by NVML). Kubernetes: `BillingSettings.pass_capacity`, {} when
+    the site config, or found by NVML). Kubernetes and Slurm: `BillingSettings.pass_capacity`, {} when
     not set, so that no pass is offered or sold that nothing set aside could honour. None
     (sold without a check) only for a spawner that is neither."""
     from meterhub.spawner.catalog import Catalog
     from meterhub.spawner.inventory import declared_inventory, detect_inventory
 
     spawner_class = str(config.JupyterHub.get("spawner_class", ""))
-    if "KubeGPUSpawner" in spawner_class:
+    if "KubeGPUSpawner" in spawner_class or "SlurmGPUSpawner" in spawner_class:
         return dict(BillingSettings(config=config).pass_capacity)
     if "LocalGPUSpawner" not in spawner_class:
         return None

@@ -29,7 +29,14 @@ from meterhub.spawner.local import LocalGPUSpawner, announce_resource_limits, st
 from meterhub.spawner.sandbox import bwrap_works
 
 from .accounts import AccountError, add_user
-from .config import ConfigError, apply_config, apply_config_d, demo_pool_dir, template_vars
+from .config import (
+    ConfigError,
+    apply_config,
+    apply_config_d,
+    billing_host,
+    demo_pool_dir,
+    template_vars,
+)
 from .demo_pool import ensure_demo_pool
 from .disk_cli import Refused, archive_user_disk, newest_use
 from .group_sync import group_admin_roles, sync_groups
@@ -318,7 +325,7 @@ def billing_service(site: dict, config_path: str | None) -> tuple[list[dict], li
     service = {
         "name": BILLING_SERVICE,
         "command": command,
-        "url": f"http://127.0.0.1:{site['hub']['billing_port']}",
+        "url": f"http://{billing_host(site)}:{site['hub']['billing_port']}",
         "cwd": os.getcwd(),
         "environment": {"PYTHONUNBUFFERED": "1"},
         # the navigation bar links the Wallet page instead

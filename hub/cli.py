@@ -50,6 +50,21 @@ def _render_k8s(args) -> int:
     return 0
 
 
+def _render_slurm(args) -> int:
+    from .config import load_site_config
+
+    site = load_site_config(args.config)
+    from .render_k8s import RenderError
+    from .render_slurm import render
+
+    try:
+        script = render(site, args.user, args.profile, args.gpus, args.credit, args.group or ())
+    except RenderError as e:
+        raise CliError(str(e)) from None
+    sys.stdout.write(script)
+    return 0
+
+
 def _user_add(args) -> int:
     from .accounts import AccountError, add_user
     from .config import load_site_config
@@ -103,6 +118,23 @@ def build_parser() -> argparse.ArgumentParser:
         "--group", action="append", help="a JupyterHub group of the user (repeatable)"
     )
     render.set_defaults(func=_render_k8s)
+    slurm = commands.add_parser(
+        "render-slurm",
+        help="print the batch script the Slurm backend would submit",
+        description="Offline: no cluster is contacted. Invalid choices exit 2 with the reason.",
+    )
+    slurm.add_argument("--config", help="site config (YAML) with a `slurm` section")
+    slurm.add_argument("--user", required=True, help="the user the server is for")
+    slurm.add_argument("--profile", required=True, help="debug or a GPU type of the catalog")
+    slurm.add_argument("--gpus", type=int, help="GPU count (GPU profiles): 1, 2, 4 or 8")
+    slurm.add_argument(
+        "--credit",
+        help="the paying wallet's credit (e.g. 12.50): the time limit it buys at the rate",
+    )
+    slurm.add_argument(
+        "--group", action="append", help="a JupyterHub group of the user (repeatable)"
+    )
+    slurm.set_defaults(func=_render_slurm)
     user = commands.add_parser("user", help="local accounts").add_subparsers(
         dest="action", required=True
     )

@@ -106,6 +106,11 @@ def load_site_config(path: str | os.PathLike | None, cwd: str | None = None) -> 
                 except ValueError as e:
                     problems.append(str(e))
         problems += gpu_type_problems(site)
+        if site.get("backend") == "slurm" and not (site.get("slurm") or {}).get("home_root"):
+            problems.append(
+                "slurm.home_root: required with backend: slurm (the users' disks on the"
+                " cluster's shared filesystem)"
+            )
         problems += https_problems(site)
         auth = site.get("auth") or {}
         if auth.get("manage_groups") and auth.get("type", "native") not in (
@@ -478,6 +483,9 @@ def apply_spawner_config(site: dict, c: Config) -> Config:
         c.JupyterHub.spawner_class = "meterhub.spawner.kube.KubeGPUSpawner"
         c.Spawner.environment = {"METERHUB_BILLING_URL": KUBE_BILLING_API}
         apply_kubernetes(site, c)
+    elif site["backend"] == "slurm":
+        c.JupyterHub.spawner_class = "meterhub.spawner.slurm.SlurmGPUSpawner"
+        apply_slurm(site, c)
     else:
         c.JupyterHub.spawner_class = "meterhub.spawner.local.LocalGPUSpawner"
         billing_api = f"http://127.0.0.1:{site['hub']['billing_port']}/services/billing/api/v1"
@@ -600,6 +608,45 @@ def apply_idle(site: dict, c: Config) -> Config:
     c.LocalGPUSpawner.stop_grace_seconds = grace
     c.BillingSettings.stop_grace_seconds = grace
     c.KubeGPUSpawner.delete_grace_period = grace
+    return c
+
+
+def billing_host(site: dict) -> str:
+    """Where the billing service listens and servers reach it: the nodes' way to the hub
+    on Slurm, this machine otherwise."""
+    return site["slurm"]["hub_host"] if site["backend"] == "slurm" else "127.0.0.1"
+
+
+def apply_slurm(site: dict, c: Config) -> Config:
+    """SlurmGPUSpawner's traits from the site's `slurm` section (pure)."""
+    slurm = site["slurm"]
+    s = c.SlurmGPUSpawner
+    s.home_root = slurm["home_root"]
+    s.partitions = dict(slurm.get("partitions", {}))
+    s.debug_partition = slurm["debug_partition"]
+    s.account = slurm.get("account", "")
+    s.qos = slurm.get("qos", "")
+    s.user_map = slurm["user_map"]
+    s.sandbox = slurm["sandbox"]
+    s.queue_timeout_seconds = slurm["start_timeout"]
+    s.max_time_minutes = slurm["max_time_minutes"]
+    s.poll_interval = slurm["poll_interval_seconds"]
+    if "env_prefix" in slurm:
+        s.server_env_prefix = slurm["env_prefix"]
+    # the pool on the shared filesystem; the demo pool lives in the hub's private data_dir
+    s.pool_dir = site.get("public_dir") or ""
+    s.disk_mount_path = site["local"]["disk_mount_path"]
+    s.stop_grace_seconds = site["stop_grace_seconds"]
+    host = slurm["hub_host"]
+    # jobs on other nodes reach the hub's API and the billing service at hub_host
+    c.JupyterHub.hub_ip = host
+    c.JupyterHub.hub_connect_ip = host
+    s.environment = {
+        "METERHUB_BILLING_URL": f"http://{host}:{site['hub']['billing_port']}/services/billing/api/v1"
+    }
+    if "pass_capacity" in slurm:
+        c.BillingSettings.pass_capacity = dict(slurm["pass_capacity"])
+    hooks.install_billing_hooks(s)
     return c
 
 

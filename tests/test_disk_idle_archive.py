@@ -490,9 +490,13 @@ async def test_a_real_hub_archives_a_stopped_disk_and_restores_it_at_the_next_st
         assert not (folder / "archived.json").exists(), "a running server's disk stays"
         hub.stop_server("admin")
 
-        until(lambda: (folder / "archived.json").exists(), "the hub to archive the disk", 60)
+        # the marker is written first and the disk emptied after it: wait for both
+        until(
+            lambda: (folder / "archived.json").exists() and not os.listdir(disk),
+            "the hub to archive and empty the disk",
+            60,
+        )
         marker = disk_archive.archived(str(folder))
-        assert os.listdir(disk) == []
         archive = folder / marker.archive
         assert hashlib.sha256(archive.read_bytes()).hexdigest() == marker.sha256
         assert (folder / (marker.archive + ".sha256")).exists()

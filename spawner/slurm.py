@@ -1,0 +1,679 @@
+"""The Slurm backend: servers as batch jobs on a GPU cluster, through batchspawner.
+
+`SlurmGPUSpawner` is batchspawner's `SlurmSpawner` driven by the one catalog: the choice
+becomes `--gres=gpu:<type>:<n>` in the GPU type's partition with CPUs and memory per GPU
+from the catalog; debug mode runs in the debug partition with no GPU at all. The job runs
+`jupyterhub-singleuser` as the user's cluster account, with the user's disk on the shared
+filesystem and `/public` read-only in a bubblewrap sandbox where the node has bubblewrap.
+GPU exclusivity is Slurm's. The batch script is built by a pure function (`job_script`),
+which `meterhub render-slurm` prints.
+
+batchspawner's own API handler would let any holder of a server's token (its kernels
+included) set any attribute of the hub's spawner object; it is replaced by one that
+accepts a port and nothing else, from the spawning server's own token, while it spawns.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import os
+import pwd
+import re
+import shlex
+import sys
+import time
+from dataclasses import dataclass, field
+
+import batchspawner
+from batchspawner import JobStatus, SlurmSpawner
+from jupyterhub.apihandlers import APIHandler, default_handlers
+from tornado import web
+from traitlets import Dict, Float, Int, Unicode, default, validate
+
+from .catalog import Choice
+from .local import disk_dirname, environment_paths, server_code_paths, starter_notebooks
+from .options import CatalogOptions
+from .sandbox import SandboxSpec, bwrap_command
+
+#: what a site may write in `slurm.user_map`
+USER_MAP = re.compile(r"\A(same|prefix:[a-z_][a-z0-9_.-]{0,15}|run_as:[a-z_][a-z0-9_.-]{0,31})\Z")
+#: a cluster account name (POSIX portable, as useradd takes it)
+ACCOUNT_NAME = re.compile(r"\A[a-z_][a-z0-9_.-]{0,31}\Z")
+#: Slurm time limits have minute granularity; a job is never given less than this
+MIN_TIME_MINUTES = 1
+#: where a job's own log goes, on the user's disk
+LOG_DIR = ".meterhub"
+
+
+class SlurmStartError(Exception):
+    """A spawn that failed on the cluster, with a message for the user (JupyterHub shows
+    `jupyterhub_message` on the spawn page)."""
+
+    def __init__(self, message: str):
+        super().__init__(message)
+        self.jupyterhub_message = message
+
+
+def cluster_account(user_name: str, user_map: str) -> str:
+    """The cluster account a hub user's jobs run as (`same`, `prefix:<p>`, `run_as:<a>`);
+    ValueError when the result cannot name an account."""
+    kind, _, value = user_map.partition(":")
+    account = {"same": user_name, "prefix": value + user_name, "run_as": value}.get(kind, "")
+    if not ACCOUNT_NAME.match(account):
+        raise ValueError(
+            f"the hub user {user_name!r} maps to {account!r} with slurm.user_map {user_map!r},"
+            " which cannot name a cluster account"
+        )
+    return account
+
+
+def time_limit_minutes(credit_seconds: int | None, max_minutes: int | None) -> int | None:
+    """The job's `--time` in whole minutes: never longer than the credit lasts (rounded
+    down), nor than the site's maximum; None when neither limits it."""
+    limits = []
+    if credit_seconds is not None:
+        limits.append(max(MIN_TIME_MINUTES, credit_seconds // 60))
+    if max_minutes:
+        limits.append(max_minutes)
+    return min(limits) if limits else None
+
+
+def format_time(minutes: int) -> str:
+    """Slurm's `days-hours:minutes:00`."""
+    days, rest = divmod(minutes, 24 * 60)
+    hours, mins = divmod(rest, 60)
+    return f"{days}-{hours:02d}:{mins:02d}:00" if days else f"{hours:02d}:{mins:02d}:00"
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """Everything the batch script says; built from the catalog choice and the site."""
+
+    user: str
+    choice: Choice
+    partition: str
+    disk: str
+    disk_mount: str
+    pool: str
+    pool_mount: str
+    env_prefix: str
+    #: environment variable names the job takes from the submission (their values are the
+    #: spawner's environment: the hub's API URL and the server's token among them)
+    export: tuple[str, ...]
+    command: tuple[str, ...]
+    time_minutes: int | None = None
+    account: str = ""
+    qos: str = ""
+    #: auto: bubblewrap where the node has it; bwrap: required; off: never
+    sandbox: str = "auto"
+    #: paths the sandbox covers with an empty tmpfs (other users' disks)
+    hidden: tuple[str, ...] = ()
+    #: host paths bound read-only (the server's Python environment, meterhub's code)
+    ro_paths: tuple[str, ...] = ()
+    starter: str = ""
+    extra_env: dict[str, str] = field(default_factory=dict)
+
+
+def sbatch_options(spec: JobSpec) -> list[str]:
+    """The `#SBATCH` options of a job, in order."""
+    choice = spec.choice
+    options = [
+        f"--job-name=meterhub-{spec.user}",
+        f"--partition={spec.partition}",
+        "--nodes=1",
+        "--ntasks=1",
+        f"--cpus-per-task={choice.cpu}",
+        f"--mem={choice.memory_gib}G",
+    ]
+    if not choice.profile.is_debug:
+        options.append(f"--gres=gpu:{choice.profile.slug}:{choice.gpus}")
+    if spec.time_minutes is not None:
+        options.append(f"--time={format_time(spec.time_minutes)}")
+    if spec.account:
+        options.append(f"--account={spec.account}")
+    if spec.qos:
+        options.append(f"--qos={spec.qos}")
+    # the job's own log is written on the user's disk, by the job itself (below): the
+    # submitting host may not see the disk, and the disk may not exist yet
+    options += ["--output=/dev/null", f"--export={','.join(spec.export) or 'NONE'}"]
+    return options
+
+
+def job_script(spec: JobSpec) -> str:
+    """The batch script of a server: a pure function of its spec."""
+    q = shlex.quote
+    lines = ["#!/bin/bash"]
+    lines += [f"#SBATCH {option}" for option in sbatch_options(spec)]
+    lines += [
+        "set -euo pipefail",
+        "umask 077",
+        f"DISK={q(spec.disk)}",
+        # the user's disk, made by the job as the user when it is new
+        'new=0; [ -d "$DISK" ] || new=1',
+        'mkdir -p "$DISK"; chmod 700 "$DISK"',
+        f'mkdir -p "$DISK/{LOG_DIR}"',
+        f'exec >>"$DISK/{LOG_DIR}/slurm-${{SLURM_JOB_ID:-0}}.log" 2>&1',
+        'echo "meterhub: job ${SLURM_JOB_ID:-?} on $(hostname) as $(id -un)"',
+    ]
+    if spec.starter:
+        lines.append(
+            f'if [ "$new" = 1 ]; then cp -n {q(spec.starter)}/*.ipynb "$DISK"/ 2>/dev/null || true; fi'
+        )
+    for key, value in sorted(spec.extra_env.items()):
+        lines.append(f"export {key}={q(value)}")
+    if spec.choice.profile.is_debug:
+        # debug mode: no GPU, even on a GPU node
+        lines += ['export CUDA_VISIBLE_DEVICES=""', "export NVIDIA_VISIBLE_DEVICES=void"]
+    command = list(spec.command)
+    sandbox = SandboxSpec(
+        disk=spec.disk,
+        disk_mount=spec.disk_mount,
+        pool=spec.pool or None,
+        pool_mount=spec.pool_mount,
+        ro_paths=spec.ro_paths,
+        hidden=spec.hidden,
+    )
+    bwrap = bwrap_command(sandbox, command, bwrap="bwrap")
+    # the node's GPU device nodes go in after bwrap's private /dev (Slurm's cgroup, where
+    # the site constrains devices, leaves the job only its own)
+    cut = bwrap.index("/dev/shm") + 1
+    head, tail = shlex.join(bwrap[:cut]), shlex.join(bwrap[cut:])
+
+    def public_link(target: str) -> list[str]:
+        # ~/public points at the pool as this server sees it (a link the user replaced stays)
+        if not spec.pool:
+            return []
+        return [
+            f'if [ -L "$DISK/public" ] || [ ! -e "$DISK/public" ]; then ln -sfn {q(target)} "$DISK/public"; fi'
+        ]
+
+    in_sandbox = [
+        *public_link(spec.pool_mount),
+        "devices=()",
+        'for d in /dev/nvidia*; do [ -e "$d" ] && devices+=(--dev-bind "$d" "$d"); done',
+        f"export HOME={q(spec.disk_mount)} METERHUB_PUBLIC_DIR={q(spec.pool_mount)}",
+        f'exec {head} "${{devices[@]}}" {tail}',
+    ]
+    without = [
+        *public_link(spec.pool),
+        'echo "meterhub: no bubblewrap sandbox on $(hostname): the server runs as $(id -un) with no /public mount" >&2',
+        'export HOME="$DISK"' + (f" METERHUB_PUBLIC_DIR={q(spec.pool)}" if spec.pool else ""),
+        'cd "$DISK"',
+        f'exec {shlex.join(command)} --ServerApp.root_dir="$DISK"',
+    ]
+    if spec.sandbox == "off":
+        lines += without
+    else:
+        lines.append("if command -v bwrap >/dev/null && bwrap --ro-bind / / true 2>/dev/null; then")
+        lines += ["  " + line for line in in_sandbox]
+        lines.append("fi")
+        if spec.sandbox == "bwrap":
+            lines += [
+                'echo "meterhub: bubblewrap is required (slurm.sandbox: bwrap) but cannot run on $(hostname)" >&2',
+                "exit 1",
+            ]
+        else:
+            lines += without
+    return "\n".join(lines) + "\n"
+
+
+def parse_job_line(line: str) -> tuple[str, str, str]:
+    """`squeue -o '%T %B %r'` of one job: (state, batch host, reason)."""
+    words = line.split(maxsplit=2)
+    words += [""] * (3 - len(words))
+    return words[0], words[1], words[2].strip()
+
+
+def queue_position(job_id: str, lines: str) -> int | None:
+    """Where a pending job stands in its partition: `squeue -t PD -o '%i %Q'` lines, the
+    highest priority first (Slurm starts them in that order), then the oldest."""
+    jobs = []
+    for line in lines.splitlines():
+        words = line.split()
+        if len(words) == 2 and words[1].isdigit():
+            jobs.append((-int(words[1]), int(words[0]) if words[0].isdigit() else 0, words[0]))
+    order = [job for _, _, job in sorted(jobs)]
+    return order.index(job_id) + 1 if job_id in order else None
+
+
+class SlurmGPUSpawner(CatalogOptions, SlurmSpawner):
+    """Servers as Slurm batch jobs, sized and placed from the catalog."""
+
+    home_root = Unicode(
+        help="""
+        Directory on the cluster's shared filesystem holding the users' disks, one folder
+        each (`<home_root>/<user>`), mounted at `disk_mount_path` in the job's sandbox.
+        The job creates a new disk as the user's cluster account; when the hub runs as
+        root it creates the folder first, owned by that account.
+        """
+    ).tag(config=True)
+
+    disk_mount_path = Unicode("/home/jovyan", help="Where the disk appears in the sandbox.").tag(
+        config=True
+    )
+
+    pool_dir = Unicode(
+        "", help="The /public pool on the shared filesystem (read-only in the job)."
+    ).tag(config=True)
+
+    pool_mount_path = Unicode("/public", help="Where the pool appears in the sandbox.").tag(
+        config=True
+    )
+
+    partitions = Dict(
+        help="Partition per GPU type slug (`{a800: gpu-a800}`); a type not listed uses its slug."
+    ).tag(config=True)
+
+    debug_partition = Unicode("debug", help="The partition of debug-mode jobs (no GPU).").tag(
+        config=True
+    )
+
+    account = Unicode("", help="Slurm account (`--account`) jobs are charged to, if any.").tag(
+        config=True
+    )
+
+    qos = Unicode("", help="Slurm QOS (`--qos`) of the jobs, if any.").tag(config=True)
+
+    user_map = Unicode(
+        "same",
+        help="""
+        How hub users map to cluster accounts: `same` (the hub name), `prefix:<p>` (`<p>`
+        then the hub name) or `run_as:<account>` (every job as one account).
+
+        With `run_as` every user's disk belongs to one account: only the sandbox keeps
+        users apart, so a node without bubblewrap lets one user's server read another's
+        disk. Use `sandbox: bwrap` with it.
+        """,
+    ).tag(config=True)
+
+    @validate("user_map")
+    def _validate_user_map(self, proposal):
+        if not USER_MAP.match(proposal.value):
+            raise ValueError(
+                f"user_map must be same, prefix:<p> or run_as:<account>: {proposal.value!r}"
+            )
+        return proposal.value
+
+    sandbox = Unicode(
+        "auto",
+        help="""
+        `auto`: the job runs the server in a bubblewrap sandbox where the node has a working
+        bubblewrap, and without one (its log says so) where it does not; `bwrap`: the job
+        fails without one; `off`: never. Without the sandbox there is no `/public` mount
+        (the server finds the pool at its real path) and the server sees the node's files
+        as its account may.
+        """,
+    ).tag(config=True)
+
+    server_env_prefix = Unicode(
+        help="The Python environment on the nodes with jupyterhub-singleuser and batchspawner"
+        " (default: the hub's own, on the shared filesystem)."
+    ).tag(config=True)
+
+    @default("server_env_prefix")
+    def _default_server_env_prefix(self):
+        return sys.prefix
+
+    max_time_minutes = Int(
+        0,
+        help="The longest time limit a job gets, in minutes (0: only the credit limits it).",
+    ).tag(config=True)
+
+    queue_timeout_seconds = Int(
+        300,
+        help="""
+        How long a spawn may wait for its job to start and its server to answer before it
+        is cancelled with a message saying where it stood in the queue.
+        """,
+    ).tag(config=True)
+
+    @default("start_timeout")
+    def _default_start_timeout(self):
+        # ours fires first, with the queue's state in its message
+        return self.queue_timeout_seconds + 60
+
+    stop_grace_seconds = Int(
+        10, help="How long a stop waits for the job to leave the queue after scancel."
+    ).tag(config=True)
+
+    startup_poll_interval = Float(1.0).tag(config=True)
+
+    # batchspawner's formats, with the pending reason after the host
+    batch_query_cmd = Unicode("squeue -h -j {job_id} -o '%T %B %r'").tag(config=True)
+    batch_cancel_cmd = Unicode("scancel {job_id}").tag(config=True)
+
+    #: how long the user's credit lasts at this session's rate (set by billing's
+    #: pre-spawn hook; None: no limit from credit)
+    credit_seconds: int | None = None
+    #: when poll() last saw the job running, and, once it is gone, until when it ran
+    last_seen_alive: int | None = None
+    exited_after: int | None = None
+    exited_unseen: bool = False
+    _queue_message: str = ""
+
+    # ---------------------------------------------------------------- the job
+
+    @property
+    def cluster_account(self) -> str:
+        return cluster_account(self.user.name, self.user_map)
+
+    @property
+    def disk_path(self) -> str:
+        return os.path.join(self.home_root, disk_dirname(self.user.name))
+
+    def partition_for(self, choice: Choice) -> str:
+        if choice.profile.is_debug:
+            return self.debug_partition
+        return self.partitions.get(choice.profile.slug, choice.profile.slug)
+
+    def singleuser_command(self) -> list[str]:
+        bin_dir = os.path.join(self.server_env_prefix, "bin")
+        return [
+            os.path.join(bin_dir, "batchspawner-singleuser"),
+            os.path.join(bin_dir, "jupyterhub-singleuser"),
+            *self.get_args(),
+        ]
+
+    def job_spec(self, choice: Choice, env: dict[str, str]) -> JobSpec:
+        return JobSpec(
+            user=self.user.name,
+            choice=choice,
+            partition=self.partition_for(choice),
+            disk=self.disk_path,
+            disk_mount=self.disk_mount_path,
+            pool=self.pool_dir,
+            pool_mount=self.pool_mount_path,
+            env_prefix=self.server_env_prefix,
+            export=tuple(sorted(env)),
+            command=tuple(self.singleuser_command()),
+            time_minutes=time_limit_minutes(self.credit_seconds, self.max_time_minutes or None),
+            account=self.account,
+            qos=self.qos,
+            sandbox=self.sandbox,
+            hidden=(os.path.abspath(self.home_root),),
+            ro_paths=tuple(
+                environment_paths(self.server_env_prefix)
+                + server_code_paths(self.server_env_prefix)
+            ),
+            starter=starter_notebooks(),
+        )
+
+    def user_env(self, env):
+        env["USER"] = self.cluster_account
+        env["HOME"] = self.disk_mount_path
+        env["SHELL"] = "/bin/bash"
+        env["PATH"] = os.pathsep.join(
+            [os.path.join(self.server_env_prefix, "bin"), "/usr/local/bin", "/usr/bin", "/bin"]
+        )
+        env["JUPYTER_RUNTIME_DIR"] = "/tmp/jupyter-runtime"
+        return env
+
+    def get_env(self):
+        env = super().get_env()
+        choice = self.choice
+        if choice is not None:
+            env.update(
+                {
+                    "METERHUB_PROFILE": choice.profile.slug,
+                    "METERHUB_GPUS": str(choice.gpus),
+                    "METERHUB_STOP_GRACE_SECONDS": str(self.stop_grace_seconds),
+                }
+            )
+            env.update(self.catalog.idle_env(choice.profile.slug))
+        # the job's view of these differs (set by the script); never the hub's own
+        for key in ("CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES", "SLURM_CONF"):
+            env.pop(key, None)
+        return env
+
+    async def _get_batch_script(self, **subvars):
+        # never batchspawner's template: it would take user options as template variables
+        return job_script(self.job_spec(self.choice, self.get_env()))
+
+    def get_req_subvars(self):
+        subvars = super().get_req_subvars()
+        subvars["username"] = shlex.quote(self.cluster_account)
+        subvars["submit_as"] = self._submit_prefix
+        return subvars
+
+    @default("req_homedir")
+    def _default_req_homedir(self):
+        return self.disk_path  # batchspawner's looks the hub user up in this host's passwd
+
+    @default("exec_prefix")
+    def _default_exec_prefix(self):
+        return "{submit_as}"
+
+    #: the exec prefix of this start (submit_prefix(), found off the event loop)
+    _submit_prefix: str = ""
+
+    def submit_prefix(self) -> str:
+        """How the hub runs Slurm's commands as the user's account: directly when it is the
+        hub's own, with setpriv when the hub is root, else with sudo (batchspawner's way)."""
+        account = self.cluster_account
+        if account == pwd.getpwuid(os.getuid()).pw_name:
+            return ""
+        if os.geteuid() == 0:
+            entry = pwd.getpwnam(account)
+            return f"setpriv --reuid={entry.pw_uid} --regid={entry.pw_gid} --init-groups"
+        return f"sudo -E -u {shlex.quote(account)}"
+
+    async def run_command(self, cmd, input=None, env=None):
+        if env is not None and "SLURM_CONF" in os.environ:
+            # the submission's environment is the job's; sbatch still finds the cluster as
+            # the hub does (the name is not in --export, so the job never sees it)
+            env = {**env, "SLURM_CONF": os.environ["SLURM_CONF"]}
+        return await super().run_command(cmd, input=input, env=env)
+
+    # ---------------------------------------------------------------- start
+
+    def _prepare_disk(self) -> None:
+        """As root, make a new disk folder owned by the account (the job fills it)."""
+        if os.geteuid() != 0 or not self.home_root:
+            return
+        entry = pwd.getpwnam(self.cluster_account)
+        disk = self.disk_path
+        if not os.path.isdir(disk):
+            os.makedirs(disk, mode=0o700)
+            os.chown(disk, entry.pw_uid, entry.pw_gid)
+
+    async def start(self):
+        choice = self.parse_options()
+        self.choice = choice
+        try:
+            account = self.cluster_account
+            self._submit_prefix = await asyncio.to_thread(self.submit_prefix)
+        except (ValueError, KeyError) as e:
+            raise web.HTTPError(
+                500, f"This hub cannot run your server on the cluster: {e}", reason="No account"
+            ) from None
+        self.log.info("Submitting %s for %s as %s", choice.label, self._log_name, account)
+        await asyncio.to_thread(self._prepare_disk)
+        self.job_id, self.job_status, self._queue_message = "", "", ""
+        self.last_seen_alive = self.exited_after = None
+        self.exited_unseen = False
+        self.ip = self.traits()["ip"].default_value
+        self.port = 0
+        await self.submit_batch_script()
+        if not self.job_id:
+            raise SlurmStartError(
+                "Slurm did not accept the job (no job id); the hub's log says why."
+            )
+        deadline = time.monotonic() + self.queue_timeout_seconds
+        try:
+            while True:
+                status = await self.query_job_status()
+                if status == JobStatus.RUNNING and self.port:
+                    break
+                if status == JobStatus.NOTFOUND:
+                    raise SlurmStartError(
+                        f"Your server's Slurm job {self.job_id} ended before the server"
+                        f" answered; its log is {LOG_DIR}/slurm-{self.job_id}.log on your disk."
+                    )
+                if status == JobStatus.PENDING:
+                    await self._note_queue()
+                if time.monotonic() > deadline:
+                    where = f" ({self._queue_message})" if self._queue_message else ""
+                    raise SlurmStartError(
+                        f"Your server did not start within {self.queue_timeout_seconds} s"
+                        f"{where}, so its job {self.job_id} was cancelled and nothing was"
+                        " charged. Try again later, or choose a profile with free GPUs."
+                    )
+                await asyncio.sleep(self.startup_poll_interval)
+        except BaseException:
+            await self._cancel_quietly()
+            raise
+        self.ip = self.state_gethost() or "127.0.0.1"
+        self.last_seen_alive = int(time.time())
+        self.db.commit()
+        self.log.info(
+            "Slurm job %s of %s at %s:%s", self.job_id, self._log_name, self.ip, self.port
+        )
+        return self.ip, self.port
+
+    async def _cancel_quietly(self) -> None:
+        if not self.job_id:
+            return
+        try:
+            await self.cancel_batch_job()
+        except Exception as e:  # the hub's stop() tries again
+            self.log.warning("Could not cancel job %s: %s", self.job_id, e)
+
+    async def _note_queue(self) -> None:
+        _state, _host, reason = parse_job_line(self.job_status)
+        partition = self.partition_for(self.choice)
+        try:
+            lines = await self.run_command(
+                f"squeue -h -t PD -p {shlex.quote(partition)} -o '%i %Q'"
+            )
+        except RuntimeError:
+            lines = ""
+        position = queue_position(self.job_id, lines)
+        reason = reason.strip("()") or "waiting"
+        self._queue_message = f"pending ({reason})" + (
+            f", position {position} in the {partition} queue" if position else ""
+        )
+
+    async def progress(self):
+        sent = ""
+        while self.pending == "spawn":
+            message = ""
+            if self.job_id and not self.job_status:
+                message = f"Submitted Slurm job {self.job_id}"
+            elif self.state_ispending():
+                message = f"Slurm job {self.job_id}: {self._queue_message or 'pending'}"
+            elif self.state_isrunning():
+                message = f"Slurm job {self.job_id} running on {self.state_gethost()}; starting JupyterLab"
+            if message and message != sent:
+                sent = message
+                yield {"message": message}
+            await asyncio.sleep(0.5)
+
+    def state_ispending(self):
+        return parse_job_line(self.job_status)[0] in ("PENDING", "CONFIGURING")
+
+    def state_isrunning(self):
+        return parse_job_line(self.job_status)[0] in ("RUNNING", "COMPLETING")
+
+    def state_gethost(self):
+        host = parse_job_line(self.job_status)[1]
+        return host if host and host != "n/a" else ""
+
+    # ---------------------------------------------------------------- running
+
+    async def _know_account(self) -> None:
+        """After a hub restart the job's commands still run as its account."""
+        if not self._submit_prefix:
+            self._submit_prefix = await asyncio.to_thread(self.submit_prefix)
+
+    async def poll(self):
+        if not self.job_id:
+            return 0 if self.exited_after is None else 1
+        await self._know_account()
+        status = await self.query_job_status()
+        if status in (JobStatus.RUNNING, JobStatus.PENDING):
+            if status == JobStatus.RUNNING:
+                self.last_seen_alive = int(time.time())
+            return None
+        if status == JobStatus.UNKNOWN:
+            return None  # the controller does not answer: the job is not known to be gone
+        # gone on its own (time limit, node failure, preemption, scancel from outside):
+        # billing charges it only until it was last seen running
+        self.exited_after = self.last_seen_alive
+        self.exited_unseen = self.last_seen_alive is None
+        self.clear_state()
+        return 1
+
+    async def stop(self, now=False):
+        if not self.job_id:
+            return
+        self.log.info("Cancelling Slurm job %s of %s", self.job_id, self._log_name)
+        await self._know_account()
+        await self.cancel_batch_job()
+        if now:
+            return
+        deadline = time.monotonic() + self.stop_grace_seconds + 30
+        while time.monotonic() < deadline:
+            status = await self.query_job_status()
+            if status not in (JobStatus.RUNNING, JobStatus.PENDING, JobStatus.UNKNOWN):
+                return
+            await asyncio.sleep(1)
+        self.log.warning("Slurm job %s of %s is still in the queue", self.job_id, self._log_name)
+
+    def get_state(self):
+        state = super().get_state()
+        if self.last_seen_alive:
+            state["last_seen_alive"] = self.last_seen_alive
+        return state
+
+    def load_state(self, state):
+        super().load_state(state)
+        self.last_seen_alive = state.get("last_seen_alive")
+
+
+# ------------------------------------------------------------------- the port handler
+
+
+class SlurmPortHandler(APIHandler):
+    """The port a job's server listens on, reported by batchspawner-singleuser. Only the
+    spawning server's own token, only a port, only while it spawns."""
+
+    @web.authenticated
+    def post(self):
+        token = self.get_auth_token() or ""
+        try:
+            body = json.loads(self.request.body or b"{}")
+        except ValueError:
+            raise web.HTTPError(400, 'the body must be JSON: {"port": N}') from None
+        port = body.get("port") if isinstance(body, dict) else None
+        if not isinstance(body, dict) or set(body) != {"port"} or type(port) is not int:
+            raise web.HTTPError(400, 'the body must be {"port": N} and nothing else')
+        if not 1024 <= port <= 65535:
+            raise web.HTTPError(400, f"port {port} is out of range (1024-65535)")
+        spawner = next(
+            (
+                s
+                # a service's token has no spawners
+                for s in (getattr(self.current_user, "spawners", None) or {}).values()
+                if isinstance(s, SlurmGPUSpawner)
+                and s.api_token
+                and hmac.compare_digest(s.api_token, token)
+            ),
+            None,
+        )
+        if spawner is None:
+            raise web.HTTPError(403, "only a spawning server's own token reports its port")
+        if spawner.pending != "spawn" or spawner.port:
+            raise web.HTTPError(409, "this server is not waiting for its port")
+        spawner.port = port
+        self.set_status(201)
+        self.finish(json.dumps({"message": "port recorded"}))
+
+
+_OURS = (r"/api/batchspawner", SlurmPortHandler)
+default_handlers[:] = [
+    h for h in default_handlers if h[1] is not batchspawner.api.BatchSpawnerAPIHandler
+]
+if _OURS not in default_handlers:
+    default_handlers.append(_OURS)
