@@ -106,7 +106,13 @@ def load_site_config(path: str | os.PathLike | None, cwd: str | None = None) -> 
                 except ValueError as e:
                     problems.append(str(e))
         problems += gpu_type_problems(site)
-        if site.get("backend") == "slurm" and not (site.get("slurm") or {}).get("home_root"):
+        slurm = site.get("slurm") or {}
+        if str(slurm.get("user_map", "")).startswith("run_as:") and slurm.get("sandbox") != "bwrap":
+            problems.append(
+                "slurm.sandbox: with user_map run_as every job runs as one account and only the"
+                " sandbox keeps users apart; set sandbox: bwrap"
+            )
+        if site.get("backend") == "slurm" and not slurm.get("home_root"):
             problems.append(
                 "slurm.home_root: required with backend: slurm (the users' disks on the"
                 " cluster's shared filesystem)"

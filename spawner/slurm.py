@@ -22,6 +22,7 @@ import os
 import pwd
 import re
 import shlex
+import shutil
 import sys
 import time
 from dataclasses import dataclass, field
@@ -137,6 +138,9 @@ def sbatch_options(spec: JobSpec) -> list[str]:
         options.append(f"--qos={spec.qos}")
     # the job's own log is written on the user's disk, by the job itself (below): the
     # submitting host may not see the disk, and the disk may not exist yet
+    # a requeued job would be charged while pending and come back where the proxy does
+    # not point: a job that ends is gone, and the user starts again
+    options.append("--no-requeue")
     options += ["--output=/dev/null", f"--export={','.join(spec.export) or 'NONE'}"]
     return options
 
@@ -217,6 +221,34 @@ def job_script(spec: JobSpec) -> str:
         else:
             lines += without
     return "\n".join(lines) + "\n"
+
+
+#: states of a job that is over (squeue -t all, or -j on a finished job)
+FINISHED_STATES = frozenset(
+    "BOOT_FAIL CANCELLED COMPLETED DEADLINE FAILED NODE_FAIL OUT_OF_MEMORY PREEMPTED"
+    " REVOKED SPECIAL_EXIT TIMEOUT".split()
+)
+#: states of a job that holds or will hold its resources
+LIVE_STATES = frozenset(
+    "PENDING CONFIGURING RUNNING COMPLETING RESV_DEL_HOLD REQUEUE_FED REQUEUE_HOLD REQUEUED"
+    " RESIZING SIGNALING STAGE_OUT STOPPED SUSPENDED".split()
+)
+
+
+def job_is_gone(output: str) -> bool | None:
+    """What squeue's answer about one job says: True when it is over or unknown to Slurm
+    (an empty answer, "Invalid job id"), False when it lives, None when the answer says
+    neither (an error, a timeout): a job is never taken for gone on an error, or it
+    would run on, unbilled, while its session is closed."""
+    text = output.strip()
+    if not text or "Invalid job id" in text:
+        return True
+    state = parse_job_line(text.splitlines()[-1])[0]
+    if state in FINISHED_STATES:
+        return True
+    if state in LIVE_STATES:
+        return False
+    return None
 
 
 def parse_job_line(line: str) -> tuple[str, str, str]:
@@ -340,6 +372,12 @@ class SlurmGPUSpawner(CatalogOptions, SlurmSpawner):
 
     startup_poll_interval = Float(1.0).tag(config=True)
 
+    server_start_seconds = Int(
+        120,
+        help="How long a running job's server has to answer; then the job is cancelled"
+        " (time before the server answers is not charged).",
+    ).tag(config=True)
+
     # batchspawner's formats, with the pending reason after the host
     batch_query_cmd = Unicode("squeue -h -j {job_id} -o '%T %B %r'").tag(config=True)
     batch_cancel_cmd = Unicode("scancel {job_id}").tag(config=True)
@@ -431,12 +469,6 @@ class SlurmGPUSpawner(CatalogOptions, SlurmSpawner):
         # never batchspawner's template: it would take user options as template variables
         return job_script(self.job_spec(self.choice, self.get_env()))
 
-    def get_req_subvars(self):
-        subvars = super().get_req_subvars()
-        subvars["username"] = shlex.quote(self.cluster_account)
-        subvars["submit_as"] = self._submit_prefix
-        return subvars
-
     @default("req_homedir")
     def _default_req_homedir(self):
         return self.disk_path  # batchspawner's looks the hub user up in this host's passwd
@@ -448,16 +480,88 @@ class SlurmGPUSpawner(CatalogOptions, SlurmSpawner):
     #: the exec prefix of this start (submit_prefix(), found off the event loop)
     _submit_prefix: str = ""
 
-    def submit_prefix(self) -> str:
-        """How the hub runs Slurm's commands as the user's account: directly when it is the
-        hub's own, with setpriv when the hub is root, else with sudo (batchspawner's way)."""
+    min_uid = Int(
+        1000,
+        help="""
+        The lowest uid a job may run as. A hub name that maps to a system account (root,
+        slurm, munge, ...) is refused, as is the hub's own account unless `user_map` is
+        `run_as` naming it: with `user_map: same` and open sign-up, whoever registers a
+        system account's name would otherwise run jobs as it.
+        """,
+    ).tag(config=True)
+
+    def account_entry(self) -> pwd.struct_passwd:
+        """The cluster account's passwd entry on this host; ValueError if jobs may not run
+        as it."""
         account = self.cluster_account
-        if account == pwd.getpwuid(os.getuid()).pw_name:
+        try:
+            entry = pwd.getpwnam(account)
+        except KeyError:
+            raise ValueError(f"no account {account!r} on the hub's machine") from None
+        if entry.pw_uid < self.min_uid:
+            raise ValueError(f"{account!r} is a system account (uid {entry.pw_uid})")
+        if entry.pw_uid == os.getuid() and not self.user_map.startswith("run_as:"):
+            raise ValueError(f"{account!r} is the hub's own account")
+        return entry
+
+    def submit_prefix(self) -> str:
+        """How the hub submits as the user's account: directly when it is the hub's own
+        (`run_as` naming it), with setpriv when the hub is root, else with sudo
+        (batchspawner's way; a sudoers rule lets the hub's account run sbatch as users)."""
+        entry = self.account_entry()
+        if entry.pw_uid == os.getuid():
             return ""
         if os.geteuid() == 0:
-            entry = pwd.getpwnam(account)
-            return f"setpriv --reuid={entry.pw_uid} --regid={entry.pw_gid} --init-groups"
-        return f"sudo -E -u {shlex.quote(account)}"
+            setpriv = shutil.which("setpriv", path="/usr/bin:/bin") or "/usr/bin/setpriv"
+            return f"{setpriv} --reuid={entry.pw_uid} --regid={entry.pw_gid} --init-groups"
+        return f"sudo -E -u {shlex.quote(entry.pw_name)}"
+
+    def get_req_subvars(self):
+        subvars = super().get_req_subvars()
+        subvars["username"] = shlex.quote(self.cluster_account)
+        subvars["submit_as"] = self._submit_prefix
+        return subvars
+
+    async def query_job_status(self):
+        """squeue as the hub itself (anyone may list jobs unless the site hides them): a
+        user's own processes can neither fail nor fake the hub's look at the job."""
+        if not self.job_id:
+            self.job_status = ""
+            return JobStatus.NOTFOUND
+        try:
+            self.job_status = await self.run_command(
+                self.batch_query_cmd.format(job_id=self.job_id)
+            )
+        except RuntimeError as e:
+            self.job_status = str(e.args[0]) if e.args else ""
+        except Exception as e:
+            self.log.warning("squeue failed for job %s: %s", self.job_id, e)
+            self.job_status = ""
+            return JobStatus.UNKNOWN
+        gone = job_is_gone(self.job_status)
+        if gone is None:
+            return JobStatus.UNKNOWN
+        if gone:
+            return JobStatus.NOTFOUND
+        if self.state_isrunning():
+            return JobStatus.RUNNING
+        if self.state_ispending():
+            return JobStatus.PENDING
+        return JobStatus.RUNNING  # suspended, stopped, resizing: it holds its resources
+
+    async def cancel_batch_job(self):
+        """scancel, as root itself or as the job's account; tried again before giving up."""
+        prefix = "" if os.geteuid() == 0 else self._submit_prefix
+        command = f"{prefix} scancel {self.job_id}".strip()
+        for attempt in range(3):
+            try:
+                await self.run_command(command)
+                return
+            except RuntimeError as e:
+                if attempt == 2:
+                    raise
+                self.log.warning("scancel %s failed (%s); trying again", self.job_id, e)
+                await asyncio.sleep(1 + attempt)
 
     async def run_command(self, cmd, input=None, env=None):
         if env is not None and "SLURM_CONF" in os.environ:
@@ -472,8 +576,10 @@ class SlurmGPUSpawner(CatalogOptions, SlurmSpawner):
         """As root, make a new disk folder owned by the account (the job fills it)."""
         if os.geteuid() != 0 or not self.home_root:
             return
-        entry = pwd.getpwnam(self.cluster_account)
+        entry = self.account_entry()
         disk = self.disk_path
+        if os.path.islink(disk) or (os.path.isdir(disk) and os.stat(disk).st_uid != entry.pw_uid):
+            raise ValueError(f"{disk} exists but is not {entry.pw_name}'s own folder")
         if not os.path.isdir(disk):
             os.makedirs(disk, mode=0o700)
             os.chown(disk, entry.pw_uid, entry.pw_gid)
@@ -484,12 +590,22 @@ class SlurmGPUSpawner(CatalogOptions, SlurmSpawner):
         try:
             account = self.cluster_account
             self._submit_prefix = await asyncio.to_thread(self.submit_prefix)
-        except (ValueError, KeyError) as e:
+        except ValueError as e:
             raise web.HTTPError(
                 500, f"This hub cannot run your server on the cluster: {e}", reason="No account"
             ) from None
         self.log.info("Submitting %s for %s as %s", choice.label, self._log_name, account)
-        await asyncio.to_thread(self._prepare_disk)
+        if self.credit_seconds is not None and self.credit_seconds < 60:
+            raise web.HTTPError(
+                402,
+                "Your credit pays for less than a minute of this profile, the shortest"
+                " time limit a Slurm job can have. Top up, or choose debug mode.",
+                reason="Not enough credit",
+            )
+        try:
+            await asyncio.to_thread(self._prepare_disk)
+        except ValueError as e:
+            raise web.HTTPError(500, f"Your disk cannot be prepared: {e}") from None
         self.job_id, self.job_status, self._queue_message = "", "", ""
         self.last_seen_alive = self.exited_after = None
         self.exited_unseen = False
@@ -500,12 +616,30 @@ class SlurmGPUSpawner(CatalogOptions, SlurmSpawner):
             raise SlurmStartError(
                 "Slurm did not accept the job (no job id); the hub's log says why."
             )
+        # the job id in the hub's database at once: a hub that dies while it is queued
+        # finds (and cancels, or adopts) it at its next start
+        orm_spawner = getattr(self, "orm_spawner", None)
+        if orm_spawner is not None:
+            orm_spawner.state = self.get_state()
+            self.db.commit()
         deadline = time.monotonic() + self.queue_timeout_seconds
+        running_since = None
         try:
             while True:
                 status = await self.query_job_status()
                 if status == JobStatus.RUNNING and self.port:
                     break
+                if status == JobStatus.RUNNING:
+                    # nothing is charged before the server answers: a job that runs (user
+                    # code included: its ~/.jupyter config) without answering is cut short
+                    running_since = running_since or time.monotonic()
+                    if time.monotonic() - running_since > self.server_start_seconds:
+                        raise SlurmStartError(
+                            f"Your server's job {self.job_id} ran but JupyterLab did not"
+                            f" answer within {self.server_start_seconds} s, so it was"
+                            f" cancelled and nothing was charged; its log is"
+                            f" {LOG_DIR}/slurm-{self.job_id}.log on your disk."
+                        )
                 if status == JobStatus.NOTFOUND:
                     raise SlurmStartError(
                         f"Your server's Slurm job {self.job_id} ended before the server"
@@ -583,9 +717,12 @@ class SlurmGPUSpawner(CatalogOptions, SlurmSpawner):
     # ---------------------------------------------------------------- running
 
     async def _know_account(self) -> None:
-        """After a hub restart the job's commands still run as its account."""
-        if not self._submit_prefix:
-            self._submit_prefix = await asyncio.to_thread(self.submit_prefix)
+        """After a hub restart the job's cancel still runs as its account (a non-root hub)."""
+        if not self._submit_prefix and os.geteuid() != 0:
+            try:
+                self._submit_prefix = await asyncio.to_thread(self.submit_prefix)
+            except ValueError as e:
+                self.log.warning("No account for %s's job: %s", self._log_name, e)
 
     async def poll(self):
         if not self.job_id:
@@ -621,15 +758,11 @@ class SlurmGPUSpawner(CatalogOptions, SlurmSpawner):
             await asyncio.sleep(1)
         self.log.warning("Slurm job %s of %s is still in the queue", self.job_id, self._log_name)
 
-    def get_state(self):
-        state = super().get_state()
-        if self.last_seen_alive:
-            state["last_seen_alive"] = self.last_seen_alive
-        return state
-
     def load_state(self, state):
         super().load_state(state)
-        self.last_seen_alive = state.get("last_seen_alive")
+        # seen by this process only: after a hub restart a job found gone is charged
+        # until the meter last saw it running (exited_unseen), never from a stale time
+        self.last_seen_alive = None
 
 
 # ------------------------------------------------------------------- the port handler

@@ -185,7 +185,8 @@ class SlurmCluster:
         except KeyError:
             pass
         subprocess.run(
-            ["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", name],
+            # a regular uid: the spawner refuses system accounts (below 1000)
+            ["useradd", "--no-create-home", "--shell", "/usr/sbin/nologin", name],
             check=True,
             capture_output=True,
             timeout=30,

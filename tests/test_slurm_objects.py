@@ -13,6 +13,7 @@ from meterhub.spawner.slurm import (
     JobSpec,
     cluster_account,
     format_time,
+    job_is_gone,
     job_script,
     parse_job_line,
     queue_position,
@@ -57,6 +58,7 @@ def test_a_gpu_choice_asks_for_its_typed_gres_partition_cpus_and_memory():
         "--time=01:30:00",
         "--account=lab",
         "--qos=normal",
+        "--no-requeue",
         "--output=/dev/null",
         "--export=JUPYTERHUB_API_TOKEN,PATH",
     ]
@@ -169,6 +171,10 @@ def test_the_site_config_selects_and_configures_the_slurm_backend(tmp_path):
         ("slurm: {home_root: relative}\n", "slurm.home_root"),
         ("slurm: {home_root: /x, partitions: {a800: 'a b'}}\n", "slurm.partitions.a800"),
         ("slurm: {home_root: /x, srun: yes}\n", "slurm.srun: unknown key"),
+        (
+            "slurm: {home_root: /x, user_map: 'run_as:jupyter'}\n",
+            "slurm.sandbox: with user_map run_as",
+        ),
     ],
 )
 def test_bad_slurm_settings_name_their_key(tmp_path, text, message):
@@ -176,3 +182,35 @@ def test_bad_slurm_settings_name_their_key(tmp_path, text, message):
     path.write_text(text)
     with pytest.raises(ConfigError, match=message.replace(".", r"\.")):
         load_site_config(path, cwd=str(tmp_path))
+
+
+@pytest.mark.parametrize(
+    "user, user_map", [("root", "same"), ("daemon", "same"), ("x", "run_as:root")]
+)
+def test_jobs_never_run_as_a_system_account(tmp_path, user, user_map):
+    from meterhub.hub.render_slurm import offline_spawner
+
+    site = load_site_config(None, cwd=str(tmp_path))
+    site["slurm"].update(home_root="/shared/disks", user_map=user_map, sandbox="bwrap")
+    spawner = offline_spawner(site, user)
+    with pytest.raises(ValueError, match="system account"):
+        spawner.account_entry()
+
+
+@pytest.mark.parametrize(
+    "output, gone",
+    [
+        ("", True),
+        ("slurm_load_jobs error: Invalid job id specified", True),
+        ("CANCELLED node1 None", True),
+        ("TIMEOUT node1 TimeLimit", True),
+        ("RUNNING node1 None", False),
+        ("SUSPENDED node1 None", False),
+        ("PENDING n/a Resources", False),
+        ("slurm_load_jobs error: Unable to contact slurm controller", None),
+        ("Killed", None),
+        ("sudo: a password is required", None),
+    ],
+)
+def test_a_job_is_gone_only_when_slurm_says_so(output, gone):
+    assert job_is_gone(output) is gone
