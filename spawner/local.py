@@ -645,6 +645,18 @@ def starter_notebooks() -> str:
     return folders[0] if folders else ""
 
 
+def server_user_env(env: dict, user: str, home: str, env_prefix: str) -> dict:
+    """A server's user, home, shell and PATH (its environment's bin first), every backend's."""
+    env["USER"] = user
+    env["HOME"] = home
+    env["SHELL"] = "/bin/bash"
+    env["PATH"] = os.pathsep.join(
+        [os.path.join(env_prefix, "bin"), "/usr/local/bin", "/usr/bin", "/bin"]
+    )
+    env["JUPYTER_RUNTIME_DIR"] = "/tmp/jupyter-runtime"
+    return env
+
+
 def disk_dirname(username: str) -> str:
     """A user's disk folder name: stable, filesystem-safe and collision-free."""
     return escape(username, safe=SAFE_NAME_CHARS, escape_char="-")
@@ -1141,14 +1153,7 @@ class LocalGPUSpawner(CatalogOptions, LocalProcessSpawner):
         return env
 
     def user_env(self, env):
-        env["USER"] = "jovyan"
-        env["HOME"] = self.disk_mount_path
-        env["SHELL"] = "/bin/bash"
-        env["PATH"] = os.pathsep.join(
-            [os.path.join(self.server_env_prefix, "bin"), "/usr/local/bin", "/usr/bin", "/bin"]
-        )
-        env["JUPYTER_RUNTIME_DIR"] = "/tmp/jupyter-runtime"
-        return env
+        return server_user_env(env, "jovyan", self.disk_mount_path, self.server_env_prefix)
 
     # ------------------------------------------------------------------ disk
 

@@ -34,7 +34,13 @@ from tornado import web
 from traitlets import Dict, Float, Int, Unicode, default, validate
 
 from .catalog import Choice
-from .local import disk_dirname, environment_paths, server_code_paths, starter_notebooks
+from .local import (
+    disk_dirname,
+    environment_paths,
+    server_code_paths,
+    server_user_env,
+    starter_notebooks,
+)
 from .options import CatalogOptions
 from .sandbox import SandboxSpec, bwrap_command
 
@@ -439,14 +445,9 @@ class SlurmGPUSpawner(CatalogOptions, SlurmSpawner):
         )
 
     def user_env(self, env):
-        env["USER"] = self.cluster_account
-        env["HOME"] = self.disk_mount_path
-        env["SHELL"] = "/bin/bash"
-        env["PATH"] = os.pathsep.join(
-            [os.path.join(self.server_env_prefix, "bin"), "/usr/local/bin", "/usr/bin", "/bin"]
+        return server_user_env(
+            env, self.cluster_account, self.disk_mount_path, self.server_env_prefix
         )
-        env["JUPYTER_RUNTIME_DIR"] = "/tmp/jupyter-runtime"
-        return env
 
     def get_env(self):
         env = super().get_env()

@@ -11,10 +11,8 @@ handler takes a port from the spawning server's own token and nothing else.
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -28,6 +26,7 @@ from .clirun import run_cli
 from .hubprocess import ADMIN_TOKEN, HubProcess, until
 from .jupyter import execute
 from .slurm import SlurmCluster, slurm_missing
+from .test_disk_idle_archive import progress_of_a_spawn
 from .test_idle_hub import charges, closed
 
 PREFIX = "mhs-"
@@ -232,22 +231,7 @@ def test_a_job_waiting_for_gpus_shows_its_queue_position_and_times_out_clearly(h
         )
         hub.ensure_user("alice")
         balance = until(lambda: hub.ledger.balance("alice"), "alice's wallet")
-        result = {}
-        post = threading.Thread(
-            target=lambda: result.update(
-                r=hub.api("POST", "/users/alice/server", json={"profile": "a800", "gpus": "1"})
-            )
-        )
-        post.start()
-        until(lambda: hub.server("alice"), "alice's spawn to be pending", interval=0.05)
-        with hub.api("GET", "/users/alice/server/progress", stream=True) as events:
-            messages = [
-                json.loads(line[len(b"data: ") :]).get("message", "")
-                for line in events.iter_lines()
-                if line.startswith(b"data: ")
-            ]
-        post.join()
-        text = "\n".join(messages)
+        text = progress_of_a_spawn(hub, "alice", {"profile": "a800", "gpus": "1"})
         assert "pending (Resources), position 1 in the a800 queue" in text, text
         assert f"did not start within {START_TIMEOUT} s" in text, text
         assert "nothing was charged" in text, text
