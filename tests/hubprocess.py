@@ -155,6 +155,31 @@ class HubProcess:
         if self.api("GET", f"/users/{name}").status_code == 404:
             assert self.api("POST", f"/users/{name}").status_code == 201
 
+    def add_user(self, name: str, password: str, *options: str) -> None:
+        """`meterhub user add NAME --password-stdin` (with `options`, e.g. `--admin`)."""
+        add = [*self.command()[:1], "user", "add", name, "--password-stdin", *options]
+        out = subprocess.run(
+            [*add, "--config", str(self.config_path)],
+            input=password,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert out.returncode == 0, out.stderr
+
+    def sign_in(self, name: str, password: str) -> requests.Session:
+        """A session signed in through the login form, as a browser would (a first sign-in
+        also gives the account its default role, which its servers' tokens draw from)."""
+        s = requests.Session()
+        s.get(f"{self.url}/hub/login", timeout=30)
+        r = s.post(
+            f"{self.url}/hub/login",
+            data={"username": name, "password": password, "_xsrf": s.cookies["_xsrf"]},
+            timeout=30,
+        )
+        assert r.ok and "/hub/login" not in r.url, r.status_code
+        return s
+
     def server(self, name: str) -> dict | None:
         return self.api("GET", f"/users/{name}").json()["servers"].get("")
 

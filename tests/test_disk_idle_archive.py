@@ -460,16 +460,8 @@ def progress_of_a_spawn(hub: HubProcess, user: str, options: dict) -> str:
 
 
 def wallet_of_admin(hub: HubProcess) -> str:
-    import requests
-
     password = (Path(hub.data_dir) / "admin-password").read_text().strip()
-    s = requests.Session()
-    s.get(f"{hub.url}/hub/login")
-    s.post(
-        f"{hub.url}/hub/login",
-        data={"username": "admin", "password": password, "_xsrf": s.cookies.get("_xsrf")},
-    )
-    r = s.get(f"{hub.url}/hub/wallet")
+    r = hub.sign_in("admin", password).get(f"{hub.url}/hub/wallet")
     assert r.status_code == 200, r.status_code
     return r.text
 

@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -30,7 +28,6 @@ from meterhub.spawner.sandbox import bwrap_works
 
 from .hubprocess import ADMIN_TOKEN, until
 
-METERHUB = str(Path(sys.executable).parent / "meterhub")
 CHROMIUM = "/usr/bin/chromium"
 PASSWORD = "correct-horse-battery-staple"
 STATUS_ITEM = "#meterhub-credit-status"
@@ -87,19 +84,10 @@ def lab(hub_factory):
         name="lab-status",
     )
     for name in ("stu", "vic"):
-        add = [METERHUB, "user", "add", name, "--password-stdin", "--config", str(hub.config_path)]
-        out = subprocess.run(add, input=PASSWORD, capture_output=True, text=True, timeout=120)
-        assert out.returncode == 0, out.stderr
+        hub.add_user(name, PASSWORD)
     # a first sign-in gives the account its default role, which its server's token draws its
     # scopes from (`meterhub user add` writes the user without one)
-    login = requests.Session()
-    login.get(f"{hub.url}/hub/login", timeout=30)
-    r = login.post(
-        f"{hub.url}/hub/login",
-        data={"username": "stu", "password": PASSWORD, "_xsrf": login.cookies["_xsrf"]},
-        timeout=30,
-    )
-    assert r.ok and "/hub/login" not in r.url, r.status_code
+    hub.sign_in("stu", PASSWORD)
     hub.spawn("stu", {"profile": "debug"})
     return hub
 

@@ -84,14 +84,7 @@ def fits_a_phone(page, name: str) -> None:
 
 def session_of(hub, name: str, password: str = PASSWORD) -> requests.Session:
     """A signed-in session without a browser, through the login form."""
-    s = requests.Session()
-    s.get(f"{hub.url}/hub/login")
-    r = s.post(
-        f"{hub.url}/hub/login",
-        data={"username": name, "password": password, "_xsrf": s.cookies["_xsrf"]},
-    )
-    assert r.ok and "/hub/login" not in r.url, r.status_code
-    return s
+    return hub.sign_in(name, password)
 
 
 def test_login_page_offers_sign_up_and_refuses_a_wrong_password(site_hub, browser):

@@ -19,8 +19,6 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -33,7 +31,6 @@ from meterhub.spawner.sandbox import bwrap_works
 
 from .hubprocess import ADMIN_TOKEN, until
 
-METERHUB = str(Path(sys.executable).parent / "meterhub")
 CHROMIUM = "/usr/bin/chromium"
 PASSWORD = "correct-horse-battery-staple"
 STATUS_ITEM = "#meterhub-credit-status"
@@ -74,17 +71,8 @@ def idle_lab(hub_factory):
 def sign_up(hub, name: str) -> None:
     """An account with a password and its default role (a first sign-in gives it; the server's
     token draws its scopes from it), and a running debug server."""
-    add = [METERHUB, "user", "add", name, "--password-stdin", "--config", str(hub.config_path)]
-    out = subprocess.run(add, input=PASSWORD, capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0, out.stderr
-    login = requests.Session()
-    login.get(f"{hub.url}/hub/login", timeout=30)
-    r = login.post(
-        f"{hub.url}/hub/login",
-        data={"username": name, "password": PASSWORD, "_xsrf": login.cookies["_xsrf"]},
-        timeout=30,
-    )
-    assert r.ok and "/hub/login" not in r.url, r.status_code
+    hub.add_user(name, PASSWORD)
+    hub.sign_in(name, PASSWORD)
     hub.spawn(name, {"profile": "debug"})
 
 
