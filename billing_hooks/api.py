@@ -543,7 +543,8 @@ class NotificationsHandler(BillingHandler):
                     {
                         "id": n.id,
                         "kind": n.kind,
-                        "message": n.message,
+                        # in the reader's language (Accept-Language, ?lang=)
+                        "message": n.text(),
                         "created": _time(n.created_at),
                         "read": _time(n.read_at),
                     }

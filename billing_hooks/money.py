@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from decimal import ROUND_HALF_UP, Decimal
 
+from meterhub.i18n import _
 from meterhub.spawner.amounts import AmountError, parse_decimal
 
 MICROS = 1_000_000
@@ -39,11 +40,12 @@ def from_micros(micros: int) -> Decimal:
 
 
 def format_money(micros: int, currency: str = "CNY", symbol: bool = True) -> str:
-    """Two decimals, rounded half up for display only: ¥7.12 or 7.12 CNY."""
+    """Two decimals, rounded half up for display only: ¥1,234.50 for a person (the same in
+    every language), or 1234.50 CNY (no grouping: for a script or a CSV to read back)."""
     value = from_micros(micros).quantize(Decimal("0.01"), rounding=ROUND_HALF_UP)
     if symbol and currency in CURRENCY_SYMBOLS:
         sign = "-" if value < 0 else ""
-        return f"{sign}{CURRENCY_SYMBOLS[currency]}{abs(value)}"
+        return f"{sign}{CURRENCY_SYMBOLS[currency]}{abs(value):,}"
     return f"{value} {currency}"
 
 
@@ -71,10 +73,12 @@ def seconds_covered(balance_micros: int, rate_micros_per_hour: int) -> int | Non
 
 
 def format_duration(seconds: int) -> str:
-    """1 h 34 min, 12 min, 45 s."""
+    """1 h 34 min, 12 min, 45 s (1 小时 34 分钟 …), in the language of the moment."""
     if seconds >= 3600:
         hours, rest = divmod(seconds, 3600)
-        return f"{hours} h {rest // 60} min" if rest >= 60 else f"{hours} h"
+        if rest >= 60:
+            return _("%(hours)s h %(minutes)s min", hours=hours, minutes=rest // 60)
+        return _("%(hours)s h", hours=hours)
     if seconds >= 60:
-        return f"{seconds // 60} min"
-    return f"{seconds} s"
+        return _("%(minutes)s min", minutes=seconds // 60)
+    return _("%(seconds)s s", seconds=seconds)

@@ -8,6 +8,8 @@ Schema changes go through alembic (billing_hooks/migrations); never edit a relea
 
 from __future__ import annotations
 
+import json
+
 from sqlalchemy import (
     BigInteger,
     Boolean,
@@ -19,6 +21,8 @@ from sqlalchemy import (
     UniqueConstraint,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+from meterhub.i18n import pick
 
 #: violations an audit run keeps (its problems_count counts them all)
 AUDIT_PROBLEM_LINES = 50
@@ -146,6 +150,14 @@ class Notification(Base):
     message: Mapped[str] = mapped_column(Text)
     created_at: Mapped[int] = mapped_column(BigInteger)
     read_at: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    #: the message in the other languages meterhub speaks, JSON {"zh_CN": "..."}; `message`
+    #: is the English (meterhub.i18n.in_every_language)
+    translations: Mapped[str | None] = mapped_column(Text, nullable=True)
+
+    def text(self, language: str | None = None) -> str:
+        """The message in `language` (default: the language of the moment)."""
+        others = json.loads(self.translations) if self.translations else None
+        return pick(others, self.message, language)
 
 
 class Reconciliation(Base):

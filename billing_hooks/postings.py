@@ -22,6 +22,9 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
+from meterhub.i18n import DEFAULT as DEFAULT_LANGUAGE
+from meterhub.i18n import in_every_language
+
 from .clock import utcnow
 from .money import MICROS, accrued, format_duration, format_money, seconds_covered, window_charge
 from .orm import (
@@ -755,14 +758,25 @@ class Postings:
 
     # ------------------------------------------------------------------ notifications
 
-    def notify(self, user: str, key: str, kind: str, message: str) -> bool:
-        """Keep a message for the user, once per key; True if it is new."""
+    def notify(self, user: str, key: str, kind: str, message: str | Callable[[], str]) -> bool:
+        """Keep a message for the user, once per key; True if it is new. A `message` that
+        is a function composing it (with meterhub.i18n's `_`) is kept in every language."""
         with self.begin() as db:
             if db.scalars(select(Notification.id).where(Notification.key == key)).first():
                 return False
+            translations = None
+            if callable(message):
+                said = in_every_language(message)
+                message = said.pop(DEFAULT_LANGUAGE)
+                translations = json.dumps(said, ensure_ascii=False, sort_keys=True)
             db.add(
                 Notification(
-                    user_name=user, key=key, kind=kind, message=message, created_at=self.clock()
+                    user_name=user,
+                    key=key,
+                    kind=kind,
+                    message=message,
+                    translations=translations,
+                    created_at=self.clock(),
                 )
             )
             return True

@@ -19,6 +19,8 @@ from urllib.parse import urlparse
 
 from tornado import web
 
+from meterhub.i18n.web import language_transform
+
 from .api import make_handlers
 from .ledger import Ledger
 from .meter import HubClient, Meter
@@ -45,6 +47,8 @@ def make_app(
 ) -> web.Application:
     return web.Application(
         make_handlers(prefix),
+        # each request in its reader's language (?lang=, Accept-Language); not remembered
+        transforms=[language_transform(None)],
         ledger=ledger,
         max_grant=max_grant,
         user_exists=hub.user_exists,

@@ -17,8 +17,10 @@ from typing import Any
 import yaml
 from traitlets.config import Config
 
+from meterhub import i18n
 from meterhub.billing_hooks import hooks
 from meterhub.billing_hooks.scopes import BILLING_ACCESS, CUSTOM_SCOPES
+from meterhub.i18n.web import language_transform
 from meterhub.spawner.catalog import DEBUG, merge_gpu_types, parse_price
 
 from . import spawn_form
@@ -29,6 +31,10 @@ SCHEMA: dict = yaml.safe_load((HERE / "site-schema.yaml").read_text())
 TEMPLATES = str(HERE / "templates")
 #: the default single-user image on Kubernetes until meterhub's own images are published
 KUBE_IMAGE: str = SCHEMA["properties"]["kubernetes"]["properties"]["image"]["default"]
+
+
+#: the hub's requests' language (one class: applying the config twice adds it once)
+LANGUAGE_TRANSFORM = language_transform("/")
 
 
 class ConfigError(ValueError):
@@ -441,7 +447,30 @@ def template_vars(site: dict, sandbox_warning: str = "") -> dict:
         "meterhub_native_auth": native,
         "meterhub_signup": native and site["auth"]["enable_signup"],
         "meterhub_sandbox_warning": sandbox_warning,
+        **language_template_vars(),
     }
+
+
+def language_template_vars() -> dict:
+    """gettext for meterhub's templates (`{{ _("Wallet") }}`), and the page's language for its
+    switch. JupyterHub calls a callable template variable with the page's user, while the
+    request runs: in the language the request's transform chose (meterhub.i18n.web)."""
+    return {
+        "_": lambda user: i18n._,
+        "ngettext": lambda user: i18n.ngettext,
+        "meterhub_language": lambda user: i18n.language(),
+        "meterhub_languages": dict(i18n.LANGUAGES),
+    }
+
+
+def apply_language(c: Config) -> Config:
+    """Every hub request in its reader's language (`?lang=`, the cookie, Accept-Language):
+    a tornado transform, so JupyterHub's own handlers need no change."""
+    tornado_settings = dict(c.JupyterHub.get("tornado_settings", {}))
+    transforms = [t for t in tornado_settings.get("transforms", []) if t is not LANGUAGE_TRANSFORM]
+    tornado_settings["transforms"] = [*transforms, LANGUAGE_TRANSFORM]
+    c.JupyterHub.tornado_settings = tornado_settings
+    return c
 
 
 #: the billing API as user pods reach it when nothing says otherwise (`meterhub render-k8s`);
@@ -476,6 +505,7 @@ def apply_spawner_config(site: dict, c: Config) -> Config:
     # JupyterHub 3.1 deprecated extra_handlers in favour of services, but these pages must
     # be hub pages: JupyterHub's templates and navigation bar, its sign-in and XSRF checks
     c.JupyterHub.extra_handlers = list(PAGE_HANDLERS)
+    apply_language(c)
     # billing decides from a token's scopes (meterhub.billing_hooks.scopes)
     c.JupyterHub.custom_scopes = dict(CUSTOM_SCOPES)
     # the in-notebook credit status (extensions/server.py) asks the billing API with the

@@ -27,7 +27,13 @@ from traitlets.config import Config, LazyConfigValue
 
 from meterhub.billing_hooks.hooks import register_trial_credit
 
-from .config import TEMPLATES, ConfigError, apply_spawner_config, load_site_config
+from .config import (
+    TEMPLATES,
+    ConfigError,
+    apply_spawner_config,
+    language_template_vars,
+    load_site_config,
+)
 
 SITE_PATH = "/etc/meterhub/meterhub.yaml"
 #: the billing Service of this release, as the chart passes it (`http://NAME:8082`)
@@ -202,6 +208,7 @@ def configure(c: Config, path: str | None = None) -> dict:
         "meterhub_native_auth": False,
         "meterhub_signup": False,
         "meterhub_sandbox_warning": "",
+        **language_template_vars(),
     }
     register_trial_credit(c)
     add_group_admin_roles(c)

@@ -44,7 +44,7 @@ def test_pre_commit_runs_the_ruff_that_the_project_pins():
 
 def test_every_local_hook_names_something_that_exists():
     hooks = _local_hooks()
-    assert set(hooks) == {"generate", "prettier"}
+    assert set(hooks) == {"generate", "i18n", "prettier"}
     for hook in hooks.values():
         assert hook["language"] == "system"
         program = shlex.split(hook["entry"])[0]
@@ -60,6 +60,11 @@ def test_every_local_hook_names_something_that_exists():
     generate = shlex.split(hooks["generate"]["entry"])
     assert generate[1:3] == ["-m", "tools.generate"]
     assert (ROOT / "tools" / "generate.py").exists()
+
+    assert shlex.split(hooks["i18n"]["entry"])[1:] == ["-m", "tools.i18n"]
+    files = re.compile(hooks["i18n"]["files"])
+    assert files.search("hub/templates/wallet.html") and files.search("billing_hooks/meter.py")
+    assert files.search("extensions/labextension/src/status.ts")
 
     prettier = shlex.split(hooks["prettier"]["entry"])
     assert prettier[:3] == ["npm", "--prefix", "extensions/labextension"]

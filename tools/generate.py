@@ -5,6 +5,7 @@
 - docs/configuration.md from hub/site-schema.yaml
 - helm/meterhub/values.schema.json and docs/helm-values.md from helm/meterhub/values.schema.yaml
   (with the site schema filled in)
+- extensions/locale/zh_CN/LC_MESSAGES/meterhub.json (what JupyterLab loads) from its .po
 
 pre-commit runs it (a local hook) whenever a source changes; tests fail if a file is stale.
 """
@@ -14,7 +15,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from . import config_docs, helm_schema
+from . import config_docs, helm_schema, i18n
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -24,6 +25,7 @@ def outputs() -> dict[Path, str]:
         ROOT / "docs" / "configuration.md": config_docs.render(),
         helm_schema.VALUES_SCHEMA_JSON: helm_schema.render_json(),
         helm_schema.VALUES_DOCS: helm_schema.render_docs(),
+        i18n.LAB_JSON: i18n.lab_json(i18n.read(i18n.LAB_PO)),
     }
 
 
