@@ -28,8 +28,10 @@ import jsonschema
 import yaml
 from jupyterhub.services.auth import HubOAuthCallbackHandler, HubOAuthenticated, UserNotAllowed
 from jupyterhub.utils import url_path_join
+from prometheus_client import CONTENT_TYPE_LATEST
 from tornado import web
 
+from meterhub.i18n import _
 from meterhub.spawner.catalog import PASS_PERIODS
 
 from . import actions, course_actions
@@ -46,7 +48,14 @@ from .money import (
 )
 from .orm import Entry, MeteredSession
 from .postings import cap_left_seconds, cap_phrase
-from .scopes import administers, instructs, is_billing_admin, may_spend, teaches
+from .scopes import (
+    administers,
+    instructs,
+    is_billing_admin,
+    may_read_metrics,
+    may_spend,
+    teaches,
+)
 from .settings import priced_catalog
 from .wallets import GROUP_NAME, fold
 
@@ -68,6 +77,7 @@ MEMBER = "member"  # a member of the group (their token may read their groups), 
 GROUP_ADMIN = "group-admin"  # custom:meterhub:group-admin!group=NAME, or a billing admin
 COURSE_STAFF = "course-staff"  # custom:meterhub:course-staff!group=NAME, or a billing admin
 COURSE_INSTRUCTOR = "course-instructor"  # custom:meterhub:course-instructor!group=NAME, or admin
+METRICS = "metrics"  # JupyterHub's read:metrics (a Prometheus service), with or without access
 
 OPENAPI_PATH = Path(__file__).with_name("openapi.yaml")
 
@@ -327,6 +337,15 @@ class BillingHandler(HubOAuthenticated, web.RequestHandler):
             raise web.HTTPError(403, "You can only see your own wallet")
         if rule == OWNER and not self.owns(name):
             raise web.HTTPError(403, "Only the owner can do this to their own notifications")
+        if rule == METRICS and not may_read_metrics(self.scopes):
+            raise web.HTTPError(
+                403,
+                "%s",
+                _(
+                    "Reading the billing metrics needs JupyterHub's read:metrics scope on the"
+                    " token (a Prometheus service's role has it)."
+                ),
+            )
         if rule == SPEND:
             if not (admin or self.owns(name)):
                 raise web.HTTPError(403, "You can only spend your own credit")
@@ -477,6 +496,28 @@ class HealthHandler(BillingHandler):
         health = meter.health()
         # 503 once the meter has not completed a pass for three intervals: nothing is charged
         self.send({"ok": health["ok"], "meter": health}, status=200 if health["ok"] else 503)
+
+
+class MetricsHandler(BillingHandler):
+    """The Prometheus metrics (billing_hooks/metrics.py), for tokens with read:metrics."""
+
+    access = {"GET": METRICS}
+
+    def check_hub_user(self, model):
+        # a scraper's token may have read:metrics alone, as for the hub's /hub/metrics: it
+        # reaches these metrics without access:services (and nothing else of billing)
+        if may_read_metrics(model.get("scopes")):
+            model.setdefault("kind", "user")
+            return model
+        return super().check_hub_user(model)
+
+    async def get(self):
+        await self.authorize()
+        metrics = self.settings["metrics"]
+        async with self.settings["metrics_lock"]:  # one scrape reads the ledger at a time
+            body = await asyncio.to_thread(metrics.exposition)
+        self.set_header("Content-Type", CONTENT_TYPE_LATEST)
+        self.finish(body)
 
 
 class OpenAPIHandler(BillingHandler):
@@ -1028,6 +1069,12 @@ ROUTES: list[tuple[str, str, type[BillingHandler]]] = [
 ]
 
 
+#: (path under the service's prefix, URL pattern, handler): routes outside the REST API
+SERVICE_ROUTES: list[tuple[str, str, type[BillingHandler]]] = [
+    ("/metrics", "metrics", MetricsHandler),
+]
+
+
 def request_schema(path: str, method: str) -> dict:
     """The JSON schema of a route's body, references resolved, from openapi.yaml."""
     document = _document()
@@ -1067,6 +1114,8 @@ def openapi(prefix: str, catalog=None) -> dict:
 
 def make_handlers(prefix: str) -> list:
     api = url_path_join(prefix, "api/v1")
-    return [(url_path_join(prefix, "oauth_callback"), HubOAuthCallbackHandler)] + [
-        (url_path_join(api, pattern), handler) for _path, pattern, handler in ROUTES
-    ]
+    return (
+        [(url_path_join(prefix, "oauth_callback"), HubOAuthCallbackHandler)]
+        + [(url_path_join(prefix, pattern), handler) for _path, pattern, handler in SERVICE_ROUTES]
+        + [(url_path_join(api, pattern), handler) for _path, pattern, handler in ROUTES]
+    )

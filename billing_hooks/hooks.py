@@ -2,7 +2,9 @@
 
 `authorize_spawn` is the Spawner's pre_spawn_hook: it prices the choice from the catalog,
 refuses (HTTP 402, saying the balance, the rate and what to do) unless the wallet covers
-the minimum minutes, and opens the metered session with the rate captured now.
+the minimum minutes, and opens the metered session with the rate captured now. Each refusal
+is counted in the hub's own Prometheus registry (`meterhub_spawns_refused_total`, on
+/hub/metrics): a refusal writes nothing to the ledger.
 `settle_stop` is the post_stop_hook: it closes the session and charges its last window.
 `billed_pre_spawn` and `billed_post_stop` are what the hub sets on meterhub's own spawner
 classes: billing's hook first, then an operator's own (from c.Spawner or any other class the
@@ -17,6 +19,7 @@ import logging
 import time
 
 from jupyterhub.utils import maybe_future
+from prometheus_client import Counter
 from sqlalchemy.exc import DBAPIError
 from tornado import web
 
@@ -34,11 +37,40 @@ BILLING_DOWN = (
 )
 
 
+#: a refusal's status → the reason label of the refusal counter
+REFUSAL_REASONS = {
+    402: "credit",  # the wallet (or a group member's cap) does not cover the minimum minutes
+    403: "not_allowed",  # a wallet or course the user may not pay from, for this choice
+    400: "invalid",  # a profile, limit or wallet reference that is not valid
+    503: "billing_unavailable",  # the ledger's database does not answer
+}
+#: in the hub process's default registry, which JupyterHub serves at /hub/metrics (for
+#: tokens with read:metrics): counting refusals here writes nothing to the ledger, however
+#: often someone asks for a server they cannot pay for
+SPAWNS_REFUSED = Counter(
+    "meterhub_spawns_refused",
+    "Spawns billing refused, by reason: credit (HTTP 402), not_allowed (403), invalid (400),"
+    " billing_unavailable (503).",
+    ["reason"],
+)
+for _reason in REFUSAL_REASONS.values():
+    SPAWNS_REFUSED.labels(_reason)
+
+
 def _settings(spawner) -> BillingSettings:
     return BillingSettings(config=spawner.config)
 
 
 async def authorize_spawn(spawner) -> None:
+    """Authorize the spawn and open its session (below); a refusal is counted."""
+    try:
+        await _authorize_spawn(spawner)
+    except web.HTTPError as e:
+        SPAWNS_REFUSED.labels(REFUSAL_REASONS.get(e.status_code, "invalid")).inc()
+        raise
+
+
+async def _authorize_spawn(spawner) -> None:
     settings = _settings(spawner)
     try:
         ledger = await settings.ledger_async()

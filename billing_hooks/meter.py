@@ -19,6 +19,7 @@ import asyncio
 import json
 import logging
 import random
+import time
 from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -31,6 +32,7 @@ from .clock import utcnow
 from .courses import lab_phrase
 from .groups import RUNWAY_DAYS, AlertFacts, CapState, runway_phrase
 from .ledger import Ledger
+from .metrics import MeterMetrics
 from .money import SECONDS_PER_HOUR, format_duration, format_money, seconds_covered, to_micros
 from .postings import cap_left_seconds, cap_phrase
 from .restarts import wallet_option
@@ -74,6 +76,9 @@ class PassResult:
     to_debug: list[tuple[str, str, str]] = field(default_factory=list)
     #: (user, server) stopped for reaching the cap its user set
     capped: list[tuple[str, str]] = field(default_factory=list)
+    #: (reason, session id) of every server this pass stops or restarts in debug mode:
+    #: credit, member_cap, cap, idle, lab (the stop counters count each session once)
+    stopping: list[tuple[str, int]] = field(default_factory=list)
 
 
 class HubClient:
@@ -215,8 +220,11 @@ class Meter:
         alert_runway_days: int = 7,
         webhook_timeout_seconds: float = 10,
         catalog=None,
+        metrics: MeterMetrics | None = None,
     ):
         self.ledger = ledger
+        #: pass durations, failures, stops and warnings, for the billing service's /metrics
+        self.metrics = metrics or MeterMetrics()
         #: the profiles' idle policies and labels (spawner.catalog.Catalog); None: no
         #: server is ever idle (tests of other things)
         self.catalog = catalog
@@ -265,6 +273,17 @@ class Meter:
             await asyncio.sleep(max(0.5, self.interval_seconds + jitter))
 
     async def tick(self) -> PassResult:
+        """One pass, timed and counted (a failed one too) for the metrics."""
+        started = time.monotonic()
+        try:
+            result = await self._pass()
+        except Exception:
+            self.metrics.pass_failed()
+            raise
+        self.metrics.pass_completed(result, time.monotonic() - started)
+        return result
+
+    async def _pass(self) -> PassResult:
         snapshot_at = self.clock()
         # a listing that fails raises here, before anything is charged or closed
         servers = await self.hub.running_servers()
@@ -475,6 +494,7 @@ class Meter:
         """Stop the session's server; for action "debug" (a GPU server) queue its restart in
         debug mode on the same disk, paid by the same wallet. True if it restarts."""
         where = (session.user_name, session.server_name)
+        result.stopping.append((reason, session.id))
         if action == "debug" and session.gpus > 0:
             self.ledger.request_restart(
                 session.user_name,
@@ -630,6 +650,7 @@ class Meter:
             if left <= 0:
                 for session in mine:
                     result.to_stop.append((session.user_name, session.server_name))
+                    result.stopping.append(("member_cap", session.id))
                     server = f"server {session.server_name!r}" if session.server_name else "server"
                     self.ledger.notify(
                         session.user_name,
@@ -782,6 +803,7 @@ class Meter:
         if balance + self.ledger.overdraft_micros <= 0:
             for session in view.paying:
                 result.to_stop.append((session.user_name, session.server_name))
+                result.stopping.append(("credit", session.id))
                 server = f"server {session.server_name!r}" if session.server_name else "server"
                 self.ledger.notify(
                     session.user_name,

@@ -17,6 +17,9 @@ Billing reads the scopes JupyterHub reports for the token a request carries:
   course's console, its roster's state and usage, stopping what the course pays for; their
   roles give JupyterHub's read scopes filtered to the course's group (its students), never
   delete:servers (a student's own-money server is not the course's to stop).
+- JupyterHub's `read:metrics`: scrape the billing service's Prometheus metrics, as it
+  scrapes the hub's own `/hub/metrics` (a Prometheus service's role; hub admins have it).
+  A token with it needs no `access:services` to reach them.
 - any token that reaches the billing service may read its owner's own wallet, usage and
   notifications, and mark its owner's notifications read.
 """
@@ -37,6 +40,7 @@ COURSE_ROLE_PREFIX = "meterhub-course-"
 LEDGER_ROLE_PREFIXES = (GROUP_ADMIN_ROLE_PREFIX, COURSE_ROLE_PREFIX)
 BILLING_ACCESS = f"access:services!service={BILLING_SERVICE}"
 BILLING_ADMIN_ROLE = "meterhub-billing-admin"
+METRICS_SCOPE = "read:metrics"
 
 CUSTOM_SCOPES = {
     ADMIN_SCOPE: {
@@ -78,6 +82,12 @@ def billing_admin_role(users: Sequence[str] = (), services: Sequence[str] = ()) 
 def is_billing_admin(scopes) -> bool:
     scopes = set(scopes or ())
     return ADMIN_SCOPE in scopes or "admin:users" in scopes
+
+
+def may_read_metrics(scopes) -> bool:
+    """Whether these scopes read the billing service's metrics (JupyterHub's own scope for
+    /hub/metrics: it has no filters)."""
+    return METRICS_SCOPE in set(scopes or ())
 
 
 def may_spend(scopes) -> bool:

@@ -2,8 +2,9 @@
 
 The hub starts it (`meterhub billing service`) with a token that may only list and read
 users and servers and stop servers. Under its prefix it serves the wallet, usage,
-notification and grant API (billing_hooks/api.py) and a health check. Beside the meter it
-runs the ledger's audit on a schedule and keeps each result for the billing admin page.
+notification and grant API (billing_hooks/api.py), a health check and Prometheus metrics
+(billing_hooks/metrics.py). Beside the meter it runs the ledger's audit on a schedule and
+keeps each result for the billing admin page.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from meterhub.i18n.web import language_transform
 from .api import make_handlers
 from .ledger import Ledger
 from .meter import HubClient, Meter
+from .metrics import BillingMetrics
 from .money import to_micros
 from .orm import AuditRun
 from .settings import BillingSettings, pass_capacity
@@ -44,7 +46,11 @@ def make_app(
     config,
     warn_minutes: Sequence[int] = (),
     meter: Meter | None = None,
+    metrics: BillingMetrics | None = None,
 ) -> web.Application:
+    capacity = pass_capacity(config)
+    if metrics is None:
+        metrics = billing_metrics(ledger, config, capacity, meter)
     return web.Application(
         make_handlers(prefix),
         # each request in its reader's language (?lang=, Accept-Language); not remembered
@@ -55,11 +61,31 @@ def make_app(
         group_members=hub.group_members,
         prefix=prefix,
         config=config,
-        capacity=pass_capacity(config),
+        capacity=capacity,
         warn_minutes=list(warn_minutes),
         # the health check fails when the meter has not completed a pass for a while
         meter=meter,
+        metrics=metrics,
+        metrics_lock=asyncio.Lock(),
         cookie_secret=os.urandom(32),  # OAuth state only; users sign in again after a restart
+    )
+
+
+def billing_metrics(
+    ledger, config, capacity: dict[str, int] | None, meter: Meter | None, audit_interval: int = 0
+) -> BillingMetrics:
+    """The service's metrics: every profile of the catalog, and the GPU inventory where
+    meterhub allocates the GPUs itself (the local backend, whose pass capacity is its
+    inventory; on Kubernetes and Slurm the pass capacity is not the cluster's GPUs)."""
+    from meterhub.spawner.catalog import Catalog
+
+    local = "LocalGPUSpawner" in str(config.JupyterHub.get("spawner_class", ""))
+    return BillingMetrics(
+        ledger,
+        Catalog(config=config).slugs(),
+        capacity if local else None,
+        meter,
+        audit_interval,
     )
 
 
@@ -84,14 +110,26 @@ async def run(settings: BillingSettings, config) -> None:
     )
     service_url = urlparse(os.environ.get("JUPYTERHUB_SERVICE_URL", "http://127.0.0.1:8082"))
     prefix = os.environ.get("JUPYTERHUB_SERVICE_PREFIX", "/services/billing/")
+    metrics = billing_metrics(
+        ledger, config, pass_capacity(config), meter, settings.audit_interval_seconds
+    )
     app = make_app(
-        prefix, ledger, Decimal(settings.max_grant), hub, config, settings.warn_minutes, meter
+        prefix,
+        ledger,
+        Decimal(settings.max_grant),
+        hub,
+        config,
+        settings.warn_minutes,
+        meter,
+        metrics,
     )
     # bodies stream into the handlers, which refuse more than api.MAX_BODY with a 413
     app.listen(service_url.port or 8082, service_url.hostname, max_body_size=MAX_STREAMED)
     log.info(
         "Billing service at %s, metering every %ss", service_url.geturl(), meter.interval_seconds
     )
+    # the money totals read the ledger's history a page at a time, before the first scrape
+    catch_up = asyncio.create_task(catch_up_totals(metrics))
     # kept referenced: the event loop holds only a weak reference to a task
     audit_task = None
     if settings.audit_interval_seconds:
@@ -100,8 +138,19 @@ async def run(settings: BillingSettings, config) -> None:
     try:
         await meter.run_forever()
     finally:
+        metrics.totals.stop()
+        catch_up.cancel()
         if audit_task is not None:
             audit_task.cancel()
+
+
+async def catch_up_totals(metrics: BillingMetrics) -> None:
+    """Sum the ledger's history for the money metrics, off the event loop; if that fails
+    (the database is down), scrapes read it instead, SCRAPE_ROWS entries each."""
+    try:
+        await asyncio.to_thread(metrics.totals.catch_up)
+    except Exception:
+        log.exception("Summing the ledger for the metrics failed; scrapes catch up instead")
 
 
 async def scheduled_audit(ledger: Ledger) -> AuditRun:

@@ -144,6 +144,14 @@ API = {
     ),
 }
 
+#: (method, path under /services/billing) -> (body, expected status per actor): the billing
+#: service's routes outside the REST API (api.SERVICE_ROUTES)
+SERVICE = {
+    # Prometheus metrics: JupyterHub's read:metrics scope, which hub admins (and the
+    # operator's admin service) have; nobody else here. Never a redirect to a login page
+    ("GET", "/metrics"): (None, row(403, 403, 403, 200, 403, 403, 403, 200)),
+}
+
 #: hub pages take a browser session (cookie + XSRF), never a token: a token there is anonymous
 P = (
     "anonymous",
@@ -247,6 +255,19 @@ def test_every_billing_route_and_method_has_a_row():
     for path, _pattern, handler in api.ROUTES:
         assert implemented(handler) == set(handler.access), (path, "access and methods differ")
     assert routes == set(API), f"rows missing: {routes - set(API)}; stale rows: {set(API) - routes}"
+
+
+def test_every_billing_service_route_and_method_has_a_row():
+    routes = {
+        (method, path)
+        for path, _pattern, handler in api.SERVICE_ROUTES
+        for method in handler.access
+    }
+    for path, _pattern, handler in api.SERVICE_ROUTES:
+        assert implemented(handler) == set(handler.access), (path, "access and methods differ")
+    assert routes == set(SERVICE), (
+        f"missing: {routes - set(SERVICE)}; stale: {set(SERVICE) - routes}"
+    )
 
 
 def test_every_money_page_and_method_has_a_row():
@@ -358,6 +379,24 @@ def token_headers(hub, actor: str) -> dict:
 def test_billing_api_answers_each_actor_as_the_table_says(matrix_hub, method, path):
     body, expected = API[(method, path)]
     url = f"{matrix_hub.url}/services/billing/api/v1{concrete(path)}"
+    got = {
+        actor: requests.request(
+            method,
+            url,
+            headers=token_headers(matrix_hub, actor),
+            json=body,
+            allow_redirects=False,
+            timeout=60,
+        ).status_code
+        for actor in A
+    }
+    assert got == expected
+
+
+@pytest.mark.parametrize("method,path", sorted(SERVICE))
+def test_billing_service_answers_each_actor_as_the_table_says(matrix_hub, method, path):
+    body, expected = SERVICE[(method, path)]
+    url = f"{matrix_hub.url}/services/billing{path}"
     got = {
         actor: requests.request(
             method,
