@@ -10,6 +10,7 @@ import csv
 import io
 from decimal import Decimal
 
+from meterhub.i18n import _
 from meterhub.spawner.catalog import PASS_PERIODS, InvalidChoice
 
 from .ledger import (
@@ -47,18 +48,25 @@ def check_key(key: object) -> str:
         or not all(33 <= ord(ch) < 127 for ch in key)
     ):
         raise ActionError(
-            400, f"the idempotency key must be 1 to {MAX_KEY} printable ASCII characters"
+            400,
+            _(
+                "the idempotency key must be 1 to %(most)s printable ASCII characters",
+                most=MAX_KEY,
+            ),
         )
     return key
 
 
 def _text(value: object, field: str, required: bool = False) -> str:
     if not isinstance(value, str) or len(value) > MAX_NOTE:
-        raise ActionError(400, f"{field}: must be text of at most {MAX_NOTE} characters")
+        raise ActionError(
+            400,
+            _("%(field)s: must be text of at most %(most)s characters", field=field, most=MAX_NOTE),
+        )
     if any(ord(ch) < 32 and ch not in "\t\n" or 0xD800 <= ord(ch) < 0xE000 for ch in value):
-        raise ActionError(400, f"{field}: must not hold control characters")
+        raise ActionError(400, _("%(field)s: must not hold control characters", field=field))
     if required and not value.strip():
-        raise ActionError(400, f"{field}: must not be empty")
+        raise ActionError(400, _("%(field)s: must not be empty", field=field))
     return value
 
 
@@ -95,7 +103,7 @@ def grant(
     try:
         return ledger.grant(user, micros, f"{source}:{key}", note, actor=actor)
     except KeyConflict:
-        raise ActionError(409, "That key was already used for a different grant") from None
+        raise ActionError(409, _("That key was already used for a different grant")) from None
     except UnknownWallet as e:
         raise ActionError(404, str(e)) from None
 
@@ -110,7 +118,7 @@ def adjust(
     try:
         return ledger.adjust(user, micros, f"{source}:{key}", reason, actor)
     except KeyConflict:
-        raise ActionError(409, "That key was already used for a different adjustment") from None
+        raise ActionError(409, _("That key was already used for a different adjustment")) from None
     except UnknownWallet as e:
         raise ActionError(404, str(e)) from None
     except LedgerError as e:
@@ -133,11 +141,11 @@ def refund(
     micros = None if amount is None else _amount(amount, "amount", max_grant)
     reason = _text(reason, "reason", required=True)
     if ledger.session(session_id) is None:
-        raise ActionError(404, f"No session {session_id}")
+        raise ActionError(404, _("No session %(id)s", id=session_id))
     try:
         return ledger.refund(session_id, micros, f"{source}:{key}", reason, actor)
     except KeyConflict:
-        raise ActionError(409, "That key was already used for a different refund") from None
+        raise ActionError(409, _("That key was already used for a different refund")) from None
     except LedgerError as e:
         raise ActionError(409, str(e)) from None
 
@@ -205,7 +213,7 @@ def buy_pass(
     except NoCapacity as e:
         raise ActionError(409, str(e)) from None
     except KeyConflict:
-        raise ActionError(409, "That key was already used for a different purchase") from None
+        raise ActionError(409, _("That key was already used for a different purchase")) from None
 
 
 def wallet_ref(text: object) -> str:
@@ -220,7 +228,7 @@ def wallet_ref(text: object) -> str:
 def set_cap(ledger: Ledger, group: str, user: str, amount, period, actor: str):
     """Set a member's cap on a group wallet (`amount` "none" or None removes it)."""
     if period not in CAP_PERIODS:
-        raise ActionError(400, f"period: one of {', '.join(CAP_PERIODS)}")
+        raise ActionError(400, _("period: one of %(periods)s", periods=", ".join(CAP_PERIODS)))
     micros = None
     if amount is not None and amount != "none":
         micros = limit_amount(amount)

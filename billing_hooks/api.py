@@ -105,9 +105,14 @@ def wallet_json(ledger: Ledger, user: str, warn_minutes: Sequence[int] = ()) -> 
     rate = sum(s.rate_micros_per_hour for s, _cost in running)
     seconds = seconds_covered(balance + ledger.overdraft_micros, rate)
     currency = ledger.currency
-    summary = f"{format_money(balance, currency)}"
+    summary = format_money(balance, currency)
     if rate and seconds is not None:
-        summary += f" · {format_money(rate, currency)}/h · {format_duration(seconds)} left"
+        summary = _(
+            "%(balance)s · %(rate)s/h · %(time)s left",
+            balance=summary,
+            rate=format_money(rate, currency),
+            time=format_duration(seconds),
+        )
     return {
         "user": user,
         "currency": currency,
@@ -334,9 +339,11 @@ class BillingHandler(HubOAuthenticated, web.RequestHandler):
                 403, "This needs the custom:meterhub:admin (or admin:users) scope on the token"
             )
         if rule == OWN and not (admin or self.owns(name)):
-            raise web.HTTPError(403, "You can only see your own wallet")
+            raise web.HTTPError(403, "%s", _("You can only see your own wallet"))
         if rule == OWNER and not self.owns(name):
-            raise web.HTTPError(403, "Only the owner can do this to their own notifications")
+            raise web.HTTPError(
+                403, "%s", _("Only the owner can do this to their own notifications")
+            )
         if rule == METRICS and not may_read_metrics(self.scopes):
             raise web.HTTPError(
                 403,
@@ -348,7 +355,7 @@ class BillingHandler(HubOAuthenticated, web.RequestHandler):
             )
         if rule == SPEND:
             if not (admin or self.owns(name)):
-                raise web.HTTPError(403, "You can only spend your own credit")
+                raise web.HTTPError(403, "%s", _("You can only spend your own credit"))
             if not may_spend(self.scopes):
                 raise web.HTTPError(
                     403,
@@ -357,7 +364,7 @@ class BillingHandler(HubOAuthenticated, web.RequestHandler):
                 )
         if name is not None:
             if len(name) > MAX_NAME or not await self.settings["user_exists"](name):
-                raise web.HTTPError(404, "No such user: %s", name)
+                raise web.HTTPError(404, "%s", _("No such user: %(name)s", name=name))
 
     async def authorize_group(self, group: str) -> tuple[str, list[str]]:
         """Apply a group route's rule: (the group's name, lower case, and its members).
@@ -375,22 +382,30 @@ class BillingHandler(HubOAuthenticated, web.RequestHandler):
         if rule == GROUP_ADMIN and not admin:
             raise web.HTTPError(
                 403,
-                "This needs custom:meterhub:group-admin!group=%s (the group's admin)"
-                " or a billing admin's scope on the token",
-                name[:64],
+                "%s",
+                _(
+                    "This needs custom:meterhub:group-admin!group=%(group)s (the group's admin)"
+                    " or a billing admin's scope on the token",
+                    group=name[:64],
+                ),
             )
         if rule == MEMBER and not (admin or name in mine):
-            raise web.HTTPError(403, "Only the group's members and admins can see its wallet")
+            raise web.HTTPError(
+                403, "%s", _("Only the group's members and admins can see its wallet")
+            )
         if rule == ADMIN and not is_billing_admin(self.scopes):
             raise web.HTTPError(
                 403,
-                "Granting credit needs the custom:meterhub:admin (or admin:users) scope:"
-                " a group's admin moves the group's credit with caps, never makes money",
+                "%s",
+                _(
+                    "Granting credit needs the custom:meterhub:admin (or admin:users) scope:"
+                    " a group's admin moves the group's credit with caps, never makes money"
+                ),
             )
         settings = await asyncio.to_thread(self.ledger.group, name)
         members = await self.settings["group_members"](name) if settings is not None else None
         if settings is None or members is None:
-            raise web.HTTPError(404, "No group %s with a wallet", name[:64])
+            raise web.HTTPError(404, "%s", _("No group %(name)s with a wallet", name=name[:64]))
         if self.request.method == "PUT":
             # a cap also binds whom the group still pays for (a member removed since)
             view = await asyncio.to_thread(self.ledger.group_view, name, members)
@@ -405,21 +420,27 @@ class BillingHandler(HubOAuthenticated, web.RequestHandler):
         if not (GROUP_NAME.match(name) and teaches(self.scopes, name)):
             raise web.HTTPError(
                 403,
-                "This needs custom:meterhub:course-staff!group=%s (the course's TAs and"
-                " instructors) or a billing admin's scope on the token",
-                name[:64],
+                "%s",
+                _(
+                    "This needs custom:meterhub:course-staff!group=%(course)s (the course's TAs"
+                    " and instructors) or a billing admin's scope on the token",
+                    course=name[:64],
+                ),
             )
         if self.access[self.request.method] == COURSE_INSTRUCTOR and not instructs(
             self.scopes, name
         ):
             raise web.HTTPError(
                 403,
-                "Changing a course needs custom:meterhub:course-instructor!group=%s (its"
-                " instructors; a TA's role has the console only)",
-                name,
+                "%s",
+                _(
+                    "Changing a course needs custom:meterhub:course-instructor!group=%(course)s"
+                    " (its instructors; a TA's role has the console only)",
+                    course=name,
+                ),
             )
         if await asyncio.to_thread(self.ledger.course, name) is None:
-            raise web.HTTPError(404, "No course %s", name[:64])
+            raise web.HTTPError(404, "%s", _("No course %(name)s", name=name[:64]))
         return name
 
     def body(self) -> dict:
@@ -553,7 +574,9 @@ class WalletHandler(BillingHandler):
             await asyncio.to_thread(self.ledger.ensure_user, name)
         wallet = await _wallet(self, name)
         if wallet is None:
-            raise web.HTTPError(404, "%s has no wallet yet (they have not signed in)", name)
+            raise web.HTTPError(
+                404, "%s", _("%(name)s has no wallet yet (they have not signed in)", name=name)
+            )
         self.send(wallet)
 
 
@@ -627,7 +650,7 @@ class EntryHandler(BillingHandler):
     async def post(self, target):
         await self.authorize()  # the rule first: a stranger learns nothing from the body
         body = self.body()
-        key, _ = self.idempotency_key(body)
+        key, _replayed = self.idempotency_key(body)
         subject = await self.subject(target)
         posted = await self.act(
             type(self).action,
@@ -690,7 +713,7 @@ class PassesHandler(BillingHandler):
     async def post(self, name):
         await self.authorize()  # the rule first: a stranger learns nothing from the body
         body = self.body()
-        key, _ = self.idempotency_key(body)
+        key, _replayed = self.idempotency_key(body)
         await self.authorize(name)
         catalog = await self.catalog()
         posted = await self.act(
@@ -835,7 +858,7 @@ class GroupGrantHandler(BillingHandler):
     async def post(self, group):
         await self.authorize()  # the rule first: a stranger learns nothing from the body
         body = self.body()
-        key, _ = self.idempotency_key(body)
+        key, _replayed = self.idempotency_key(body)
         name, _members = await self.authorize_group(group)
         posted = await self.act(
             actions.grant,
@@ -861,7 +884,15 @@ class GroupCapHandler(BillingHandler):
         name, members = await self.authorize_group(group)
         body = self.body()
         if user not in members:
-            raise web.HTTPError(404, "%s is not a member of the group %s", user[:64], name)
+            raise web.HTTPError(
+                404,
+                "%s",
+                _(
+                    "%(user)s is not a member of the group %(group)s",
+                    user=user[:64],
+                    group=name,
+                ),
+            )
         period = body.get("period", "month")
         cap = await self.act(
             actions.set_cap, self.ledger, name, user, body["amount"], period, self.actor
@@ -1000,7 +1031,7 @@ class GroupUsageHandler(BillingHandler):
         """What `name`'s wallet (a course's: its allowances) paid for, JSON or CSV."""
         form = self.get_argument("format", "json")
         if form not in ("json", "csv"):
-            raise web.HTTPError(400, "format: json or csv")
+            raise web.HTTPError(400, "%s", _("format: json or csv"))
         month = self.get_argument("month", "")
         try:
             since, until = month_bounds(month) if month else (None, None)

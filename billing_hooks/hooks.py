@@ -23,6 +23,7 @@ from prometheus_client import Counter
 from sqlalchemy.exc import DBAPIError
 from tornado import web
 
+from meterhub.i18n import N_, _
 from meterhub.spawner.catalog import InvalidChoice
 
 from .courses import course_refusal
@@ -31,7 +32,7 @@ from .money import format_duration, format_money, seconds_covered, to_micros
 from .settings import BillingSettings, priced_catalog
 from .wallets import WalletRef, WalletRefError, parse_wallet
 
-BILLING_DOWN = (
+BILLING_DOWN = N_(
     "Billing is unavailable right now (its database does not answer), so no new server can"
     " start. Running servers are not affected. Try again in a minute."
 )
@@ -77,7 +78,7 @@ async def _authorize_spawn(spawner) -> None:
         catalog = await asyncio.to_thread(priced_catalog, spawner.config, ledger)
     except DBAPIError:
         spawner.log.exception("Ledger database error while pricing %s", spawner._log_name)
-        raise web.HTTPError(503, BILLING_DOWN, reason="Billing unavailable") from None
+        raise web.HTTPError(503, _(BILLING_DOWN), reason="Billing unavailable") from None
     try:
         choice = catalog.parse(spawner.user_options)
     except InvalidChoice as e:
@@ -113,7 +114,7 @@ async def _authorize_spawn(spawner) -> None:
         raise web.HTTPError(403, str(e), reason="No such wallet") from None
     except DBAPIError:
         spawner.log.exception("Ledger database error while authorizing %s", spawner._log_name)
-        raise web.HTTPError(503, BILLING_DOWN, reason="Billing unavailable") from None
+        raise web.HTTPError(503, _(BILLING_DOWN), reason="Billing unavailable") from None
     # a backend that can limit a server's run time (a Slurm job's --time) reads it
     spawner.credit_seconds = auth.runway_seconds
     spawner.log.info(
@@ -143,10 +144,14 @@ def cap_refusal(choice, settings: BillingSettings, currency: str) -> str:
     )
     if seconds is None or seconds >= least:
         return ""
-    return (
-        f"max_cost: {format_money(to_micros(choice.max_cost), currency)} buys"
-        f" {format_duration(seconds)} of {choice.label} at {format_money(rate, currency)}/h;"
-        f" a limit must allow at least {format_duration(least)}"
+    return _(
+        "max_cost: %(cost)s buys %(time)s of %(label)s at %(rate)s/h; a limit must allow at"
+        " least %(least)s",
+        cost=format_money(to_micros(choice.max_cost), currency),
+        time=format_duration(seconds),
+        label=choice.label,
+        rate=format_money(rate, currency),
+        least=format_duration(least),
     )
 
 
@@ -174,14 +179,17 @@ async def paying_wallet(spawner, ledger, profile: str = "debug", gpus: int = 0) 
     try:
         ref = parse_wallet(raw)
     except WalletRefError as e:
-        raise web.HTTPError(400, f"wallet: {e}", reason="Invalid wallet") from None
+        raise web.HTTPError(400, _("wallet: %(error)s", error=e), reason="Invalid wallet") from None
     if ref.is_course:
         member = await asyncio.to_thread(ledger.course_member, ref.name, spawner.user.name)
         if member is None or member.role != "student":
             raise web.HTTPError(
                 403,
-                f"You are not a student of the course {ref.name!r}, so you cannot pay from"
-                " its allowances. Pay from your own wallet.",
+                _(
+                    "You are not a student of the course %(course)s, so you cannot pay from"
+                    " its allowances. Pay from your own wallet.",
+                    course=repr(ref.name),
+                ),
                 reason="Not a student",
             )
         return ref
@@ -189,15 +197,18 @@ async def paying_wallet(spawner, ledger, profile: str = "debug", gpus: int = 0) 
         if ref.name != spawner.user.name:
             raise web.HTTPError(
                 403,
-                "You can pay only from your own wallet or a group's you belong to",
+                _("You can pay only from your own wallet or a group's you belong to"),
                 reason="Not your wallet",
             )
         return None
     if ref.name not in groups:
         raise web.HTTPError(
             403,
-            f"You are not a member of the group {ref.name!r}, so you cannot pay from its"
-            " wallet. Pay from your own wallet, or ask the group's admin to add you.",
+            _(
+                "You are not a member of the group %(group)s, so you cannot pay from its"
+                " wallet. Pay from your own wallet, or ask the group's admin to add you.",
+                group=repr(ref.name),
+            ),
             reason="Not a member",
         )
     return ref

@@ -27,6 +27,9 @@ from urllib.parse import quote
 
 from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
 
+from meterhub.i18n import DEFAULT as DEFAULT_LANGUAGE
+from meterhub.i18n import _, in_every_language
+
 from . import labwindows
 from .clock import utcnow
 from .courses import lab_phrase
@@ -36,7 +39,7 @@ from .metrics import MeterMetrics
 from .money import SECONDS_PER_HOUR, format_duration, format_money, seconds_covered, to_micros
 from .postings import cap_left_seconds, cap_phrase
 from .restarts import wallet_option
-from .wallets import period_phrase
+from .wallets import pass_period_name, period_phrase
 
 log = logging.getLogger("meterhub.meter")
 
@@ -117,7 +120,7 @@ class HubClient:
         """
         servers: dict[tuple[str, str], bool] = {}
         offset = 0
-        for _ in range(MAX_PAGES):
+        for _page in range(MAX_PAGES):
             response = await self.http.fetch(
                 self._request("GET", f"/users?state=active&limit={self.page_size}&offset={offset}")
             )
@@ -522,28 +525,42 @@ class Meter:
         idle = now - last
         if idle < limit - self.idle_warn_seconds:
             return
-        label = self._label(session)
         currency = self.ledger.currency
         rate = format_money(session.rate_micros_per_hour, currency)
-        server = f"server {session.server_name!r}" if session.server_name else "server"
         debug = policy.on_idle == "debug" and session.gpus > 0
+
+        def said() -> dict:
+            return {
+                "server": server_phrase(session.server_name),
+                "label": self._label(session),
+                "rate": rate,
+                "idle": format_duration(idle),
+            }
+
         if idle >= limit:
             restarted = self._fall_back(view, session, "idle", policy.on_idle, result)
             if restarted:
-                debug_rate = self._debug_rate()
-                message = (
-                    f"Your {server} ({label}, {rate}/h) was idle for {format_duration(idle)} —"
-                    " no kernel, terminal or GPU activity — so it was restarted in debug mode"
-                    f" on the same disk ({debug_rate}/h): the GPU is free for others and you"
-                    f" stop paying {rate}/h. Your files are there; start on a GPU again from"
-                    " the Hub Control Panel when you need one."
-                )
+
+                def message() -> str:
+                    return _(
+                        "Your %(server)s (%(label)s, %(rate)s/h) was idle for %(idle)s — no"
+                        " kernel, terminal or GPU activity — so it was restarted in debug mode"
+                        " on the same disk (%(debug_rate)s/h): the GPU is free for others and"
+                        " you stop paying %(rate)s/h. Your files are there; start on a GPU"
+                        " again from the Hub Control Panel when you need one.",
+                        debug_rate=self._debug_rate(),
+                        **said(),
+                    )
             else:
-                message = (
-                    f"Your {server} ({label}, {rate}/h) was idle for {format_duration(idle)} —"
-                    " no kernel, terminal or GPU activity — so it was stopped. Your files are"
-                    " kept; start it again from the Hub Control Panel."
-                )
+
+                def message() -> str:
+                    return _(
+                        "Your %(server)s (%(label)s, %(rate)s/h) was idle for %(idle)s — no"
+                        " kernel, terminal or GPU activity — so it was stopped. Your files are"
+                        " kept; start it again from the Hub Control Panel.",
+                        **said(),
+                    )
+
             self.ledger.notify(
                 session.user_name,
                 f"idle-stopped:{session.id}",
@@ -552,26 +569,37 @@ class Meter:
             )
             return
         key = f"idle-warn:{session.id}:{last}"
-        then = "restarts in debug mode on the same disk" if debug else "stops"
-        if self.ledger.notify(
-            session.user_name,
-            key,
-            "idle-warning",
-            f"Your {server} ({label}, {rate}/h) has been idle for {format_duration(idle)}: it"
-            f" {then} in {format_duration(limit - idle)} unless you use it — run a cell, type"
-            " in a terminal, or click Keep running. Your files are kept.",
-        ):
+
+        def warning() -> str:
+            if debug:
+                return _(
+                    "Your %(server)s (%(label)s, %(rate)s/h) has been idle for %(idle)s: it"
+                    " restarts in debug mode on the same disk in %(left)s unless you use it —"
+                    " run a cell, type in a terminal, or click Keep running. Your files are"
+                    " kept.",
+                    left=format_duration(limit - idle),
+                    **said(),
+                )
+            return _(
+                "Your %(server)s (%(label)s, %(rate)s/h) has been idle for %(idle)s: it stops"
+                " in %(left)s unless you use it — run a cell, type in a terminal, or click"
+                " Keep running. Your files are kept.",
+                left=format_duration(limit - idle),
+                **said(),
+            )
+
+        if self.ledger.notify(session.user_name, key, "idle-warning", warning):
             result.notified.append(key)
 
     def _debug_rate(self) -> str:
         if self.catalog is None:
-            return "debug mode"
+            return _("debug mode")
         try:
             return format_money(
                 to_micros(self.catalog.choice("debug").rate_per_hour), self.ledger.currency
             )
         except Exception:
-            return "debug mode"
+            return _("debug mode")
 
     def _check_session_cap(self, view, session, spent: int, now: int, result: PassResult):
         """Stop (or restart in debug mode) a session at the cap its user set ("stop after
@@ -582,40 +610,66 @@ class Meter:
         if left is None:
             return
         currency = self.ledger.currency
-        caps = cap_phrase(session, currency)
-        server = f"server {session.server_name!r}" if session.server_name else "server"
         action = self._policy(session.profile).on_cap if self.catalog else "stop"
+
+        def said() -> dict:
+            return {
+                "server": server_phrase(session.server_name),
+                "label": self._label(session),
+                "caps": cap_phrase(session, currency),
+                "cost": format_money(spent, currency),
+            }
+
         # the next pass would come after the cap: stop now (the user pays to the stop)
         if left <= self.interval_seconds:
             restarted = self._fall_back(view, session, "cap", action, result)
             result.capped.append((session.user_name, session.server_name))
+
+            def message() -> str:
+                if restarted:
+                    return _(
+                        "Your %(server)s (%(label)s) came to the limit you set for it"
+                        " (%(caps)s), so it was restarted in debug mode on the same disk. Your"
+                        " files are there. It had cost %(cost)s; you never pay more than your"
+                        " limit.",
+                        **said(),
+                    )
+                return _(
+                    "Your %(server)s (%(label)s) came to the limit you set for it (%(caps)s),"
+                    " so it was stopped. Your files are kept. It had cost %(cost)s; you never"
+                    " pay more than your limit.",
+                    **said(),
+                )
+
             self.ledger.notify(
                 session.user_name,
                 f"session-cap:{session.id}",
                 "restarted" if restarted else "stopped",
-                f"Your {server} ({self._label(session)}) came to the limit you set for it"
-                f" ({caps}), so it was "
-                + (
-                    "restarted in debug mode on the same disk. Your files are there."
-                    if restarted
-                    else "stopped. Your files are kept."
-                )
-                + f" It had cost {format_money(spent, currency)}; you never pay more than"
-                " your limit.",
+                message,
             )
             return
-        then = "restarts in debug mode" if action == "debug" and session.gpus else "stops"
+        debug = action == "debug" and bool(session.gpus)
+
+        def warning() -> str:
+            if debug:
+                return _(
+                    "Your %(server)s reaches the limit you set for it (%(caps)s) in %(left)s"
+                    " and restarts in debug mode then; it has cost %(cost)s so far. Your files"
+                    " are kept.",
+                    left=format_duration(left),
+                    **said(),
+                )
+            return _(
+                "Your %(server)s reaches the limit you set for it (%(caps)s) in %(left)s and"
+                " stops then; it has cost %(cost)s so far. Your files are kept.",
+                left=format_duration(left),
+                **said(),
+            )
+
         for minutes in self.warn_minutes:
             if left <= minutes * 60:
                 key = f"warn-session-cap:{session.id}:{minutes}"
-                if self.ledger.notify(
-                    session.user_name,
-                    key,
-                    "cap-warning",
-                    f"Your {server} reaches the limit you set for it ({caps}) in"
-                    f" {format_duration(left)} and {then} then; it has cost"
-                    f" {format_money(spent, currency)} so far. Your files are kept.",
-                ):
+                if self.ledger.notify(session.user_name, key, "cap-warning", warning):
                     result.notified.append(key)
 
     async def _post_webhook(self, url: str, body: dict) -> None:
@@ -646,35 +700,45 @@ class Meter:
             if not mine:
                 continue
             left = state.cap_micros - state.spent_micros
-            phrase = f"Your {view.user} cap {period_phrase(state.period)}"
             if left <= 0:
                 for session in mine:
                     result.to_stop.append((session.user_name, session.server_name))
                     result.stopping.append(("member_cap", session.id))
-                    server = f"server {session.server_name!r}" if session.server_name else "server"
+
+                    def stopped(state=state, session=session) -> str:
+                        return _(
+                            "Your %(group)s cap %(period)s (%(cap)s) is used up, so your"
+                            " %(server)s was stopped. Your files are kept; ask the group's admin"
+                            " to raise it, or start again paying from your own wallet.",
+                            group=view.user,
+                            period=period_phrase(state.period),
+                            cap=format_money(state.cap_micros, currency),
+                            server=server_phrase(session.server_name),
+                        )
+
                     self.ledger.notify(
-                        session.user_name,
-                        f"cap-stopped:{session.id}",
-                        "stopped",
-                        f"{phrase} ({format_money(state.cap_micros, currency)}) is used up, so"
-                        f" your {server} was stopped. Your files are kept; ask the group's admin"
-                        " to raise it, or start again paying from your own wallet.",
+                        session.user_name, f"cap-stopped:{session.id}", "stopped", stopped
                     )
                 continue
             rate = sum(s.rate_micros_per_hour for s in mine)
             seconds = seconds_covered(left, rate)
+
+            def warning(state=state, seconds=seconds, left=left, rate=rate) -> str:
+                return _(
+                    "%(time)s left of your %(group)s cap %(period)s (%(left)s at %(rate)s/h) —"
+                    " your server will stop; your files are kept.",
+                    time=format_duration(seconds or 0),
+                    group=view.user,
+                    period=period_phrase(state.period),
+                    left=format_money(left, currency),
+                    rate=format_money(rate, currency),
+                )
+
             for minutes in self.warn_minutes:
                 if seconds is not None and seconds <= minutes * 60:
                     for session in mine:
                         key = f"warn-cap:{session.id}:{minutes}"
-                        if self.ledger.notify(
-                            session.user_name,
-                            key,
-                            "warning",
-                            f"{format_duration(seconds)} left of {phrase.lower()}"
-                            f" ({format_money(left, currency)} at {format_money(rate, currency)}/h)"
-                            " — your server will stop; your files are kept.",
-                        ):
+                        if self.ledger.notify(session.user_name, key, "warning", warning):
                             result.notified.append(key)
 
     def _group_alerts(self, group: AlertFacts, result: PassResult) -> None:
@@ -686,41 +750,59 @@ class Meter:
         balance = group.balance_micros
         runway = group.runway_seconds
         armed = group.last_credit_entry
-        spend = f" {runway_phrase(runway)} at the last {RUNWAY_DAYS} days' spend."
-        alerts = []
+        alerts: list[tuple[str, str, Callable[[], str]]] = []
         for threshold in reversed(self.alert_balances_micros):  # the lowest first
             if balance < threshold or (threshold == 0 and balance <= 0):
-                alerts.append(
-                    (
-                        f"below:{threshold}",
-                        "balance",
-                        f"The {group.name} group's balance is {format_money(balance, currency)},"
-                        f" under {format_money(threshold, currency)}."
-                        + (spend if runway is not None else ""),
+
+                def below(threshold=threshold) -> str:
+                    values = {
+                        "group": group.name,
+                        "balance": format_money(balance, currency),
+                        "threshold": format_money(threshold, currency),
+                    }
+                    if runway is None:
+                        return _(
+                            "The %(group)s group's balance is %(balance)s, under %(threshold)s.",
+                            **values,
+                        )
+                    return _(
+                        "The %(group)s group's balance is %(balance)s, under %(threshold)s."
+                        " %(runway)s at the last %(days)s days' spend.",
+                        runway=runway_phrase(runway),
+                        days=RUNWAY_DAYS,
+                        **values,
                     )
-                )
+
+                alerts.append((f"below:{threshold}", "balance", below))
                 break  # the lowest threshold crossed says it all
         if runway is not None and runway < self.alert_runway_days * 86_400:
-            alerts.append(
-                (
-                    "runway",
-                    "runway",
-                    f"The {group.name} group's credit ({format_money(balance, currency)}) lasts"
-                    + spend,
+
+            def short() -> str:
+                return _(
+                    "The %(group)s group's credit (%(balance)s) lasts %(runway)s at the last"
+                    " %(days)s days' spend.",
+                    group=group.name,
+                    balance=format_money(balance, currency),
+                    runway=runway_phrase(runway),
+                    days=RUNWAY_DAYS,
                 )
-            )
-        for tag, kind, message in alerts:
+
+            alerts.append(("runway", "runway", short))
+        for tag, kind, compose in alerts:
             for admin in group.admins:
                 key = f"group-alert:{group.name}:{tag}:{armed}:{admin}"
-                if self.ledger.notify(admin, key, "group-alert", message):
+                if self.ledger.notify(admin, key, "group-alert", compose):
                     result.notified.append(f"group-alert:{group.name}:{tag}")
             marker = f"group-alert:{group.name}:{tag}:{armed}:webhook"
             # a notification of no user marks the webhook sent, once per alert and top-up
-            if group.webhook_url and self.ledger.notify("", marker, "webhook", message):
+            if group.webhook_url and self.ledger.notify("", marker, "webhook", compose):
+                messages = in_every_language(compose)
                 body = {
                     "group": group.name,
                     "alert": kind,
-                    "message": message,
+                    "message": messages[DEFAULT_LANGUAGE],
+                    # the same in every language meterhub speaks, for a chat in another
+                    "messages": messages,
                     "balance": format_money(balance, currency, symbol=False),
                     "runway_seconds": runway,
                 }
@@ -734,60 +816,96 @@ class Meter:
         for session in view.paying:
             if session.gpus == 0 and course.debug_outside_windows:
                 continue
-            what = "GPU server" if session.gpus else "server"
-            after = (
-                " Your files are kept; debug mode stays open."
-                if course.debug_outside_windows
-                else " Your files are kept."
-            )
+            gpu = session.gpus > 0
+            restart = course.at_window_end == "debug" and course.debug_outside_windows and gpu
             if current is None:
-                restart = (
-                    course.at_window_end == "debug"
-                    and course.debug_outside_windows
-                    and session.gpus > 0
-                )
                 self._fall_back(view, session, "lab", "debug" if restart else "stop", result)
-                self.ledger.notify(
-                    session.user_name,
-                    f"lab-ended:{session.id}",
-                    "stopped",
-                    f"The {course.name} lab is over ({lab_phrase(course, now)}), so your {what}"
-                    " paid by the course was "
-                    + (
-                        "restarted in debug mode on the same disk: your files are there."
-                        if restart
-                        else "stopped." + after
-                    ),
-                )
+
+                def ended(gpu=gpu, restart=restart) -> str:
+                    values = {"course": course.name, "when": lab_phrase(course, now)}
+                    if restart:
+                        return _(
+                            "The %(course)s lab is over (%(when)s), so your GPU server paid by"
+                            " the course was restarted in debug mode on the same disk: your"
+                            " files are there.",
+                            **values,
+                        )
+                    if course.debug_outside_windows:
+                        return _(
+                            "The %(course)s lab is over (%(when)s), so your GPU server paid by"
+                            " the course was stopped. Your files are kept; debug mode stays"
+                            " open.",
+                            **values,
+                        )
+                    if gpu:
+                        return _(
+                            "The %(course)s lab is over (%(when)s), so your GPU server paid by"
+                            " the course was stopped. Your files are kept.",
+                            **values,
+                        )
+                    return _(
+                        "The %(course)s lab is over (%(when)s), so your server paid by the"
+                        " course was stopped. Your files are kept.",
+                        **values,
+                    )
+
+                self.ledger.notify(session.user_name, f"lab-ended:{session.id}", "stopped", ended)
                 continue
-            end = labwindows.phrase(current[1], course.timezone, now)
-            then = (
-                "restarts in debug mode then, on the same disk."
-                if course.at_window_end == "debug" and course.debug_outside_windows and session.gpus
-                else "stops then." + after
-            )
+            end = current[1]
+
+            def ending(gpu=gpu, restart=restart, end=end) -> str:
+                values = {
+                    "course": course.name,
+                    "end": labwindows.phrase(end, course.timezone, now),
+                    "left": format_duration(end - now),
+                }
+                if restart:
+                    return _(
+                        "The %(course)s lab ends at %(end)s, in %(left)s: your GPU server paid"
+                        " by the course restarts in debug mode then, on the same disk.",
+                        **values,
+                    )
+                if course.debug_outside_windows:
+                    return _(
+                        "The %(course)s lab ends at %(end)s, in %(left)s: your GPU server paid"
+                        " by the course stops then. Your files are kept; debug mode stays open.",
+                        **values,
+                    )
+                if gpu:
+                    return _(
+                        "The %(course)s lab ends at %(end)s, in %(left)s: your GPU server paid"
+                        " by the course stops then. Your files are kept.",
+                        **values,
+                    )
+                return _(
+                    "The %(course)s lab ends at %(end)s, in %(left)s: your server paid by the"
+                    " course stops then. Your files are kept.",
+                    **values,
+                )
+
             for minutes in self.warn_minutes:
-                if current[1] - now <= minutes * 60:
-                    key = f"lab-end:{session.id}:{current[1]}:{minutes}"
-                    if self.ledger.notify(
-                        session.user_name,
-                        key,
-                        "warning",
-                        f"The {course.name} lab ends at {end}, in"
-                        f" {format_duration(current[1] - now)}: your {what} paid by the course "
-                        + then,
-                    ):
+                if end - now <= minutes * 60:
+                    key = f"lab-end:{session.id}:{end}:{minutes}"
+                    if self.ledger.notify(session.user_name, key, "warning", ending):
                         result.notified.append(key)
 
     def _check_credit(self, view, result: PassResult) -> None:
         currency = self.ledger.currency
         for session, ended in view.ended_passes:
+
+            def pass_ended(session=session, ended=ended) -> str:
+                return _(
+                    "Your %(period)s pass has ended; this server now costs %(rate)s/h from your"
+                    " credit.",
+                    period=pass_period_name(ended.period),
+                    rate=format_money(session.rate_micros_per_hour, currency),
+                )
+
             self.ledger.notify(
                 session.user_name,
                 f"pass-ended:{session.id}:{ended.id}",
                 "pass-ended",
-                f"Your {ended.period} pass has ended; this server now costs"
-                f" {format_money(session.rate_micros_per_hour, currency)}/h from your credit.",
+                pass_ended,
             )
         if not view.paying:
             return
@@ -796,47 +914,78 @@ class Meter:
         available = balance + self.ledger.overdraft_micros
         if available > 0 and available * SECONDS_PER_HOUR >= rate * self._quiet_seconds:
             return  # credit for longer than the first warning: nothing to say (most wallets)
-        whose = {
-            "group": f"The {view.user} group's credit",
-            "allowance": f"Your allowance from {view.user.partition('/')[0]}",
-        }.get(view.kind, "Your credit")
+        owner = view.user.partition("/")[0] if view.kind == "allowance" else view.user
         if balance + self.ledger.overdraft_micros <= 0:
             for session in view.paying:
                 result.to_stop.append((session.user_name, session.server_name))
                 result.stopping.append(("credit", session.id))
-                server = f"server {session.server_name!r}" if session.server_name else "server"
-                self.ledger.notify(
-                    session.user_name,
-                    f"stopped:{session.id}",
-                    "stopped",
-                    f"{whose} ran out ({format_money(balance, currency)}), so your {server}"
-                    " was stopped. Your files are kept; "
-                    + {
-                        "group": "ask the group's admin to top it up, or start again paying"
-                        " from your own wallet.",
-                        "allowance": "ask your instructor, or start again paying from your"
-                        " own wallet.",
-                    }.get(view.kind, "top up to start again."),
-                )
+
+                def ran_out(session=session) -> str:
+                    values = {
+                        "owner": owner,
+                        "balance": format_money(balance, currency),
+                        "server": server_phrase(session.server_name),
+                    }
+                    if view.kind == "group":
+                        return _(
+                            "The %(owner)s group's credit ran out (%(balance)s), so your"
+                            " %(server)s was stopped. Your files are kept; ask the group's admin"
+                            " to top it up, or start again paying from your own wallet.",
+                            **values,
+                        )
+                    if view.kind == "allowance":
+                        return _(
+                            "Your allowance from %(owner)s ran out (%(balance)s), so your"
+                            " %(server)s was stopped. Your files are kept; ask your instructor,"
+                            " or start again paying from your own wallet.",
+                            **values,
+                        )
+                    return _(
+                        "Your credit ran out (%(balance)s), so your %(server)s was stopped. Your"
+                        " files are kept; top up to start again.",
+                        **values,
+                    )
+
+                self.ledger.notify(session.user_name, f"stopped:{session.id}", "stopped", ran_out)
             return
         left = seconds_covered(balance + self.ledger.overdraft_micros, rate)
-        credit = {
-            "group": f"the {view.user} group's credit",
-            "allowance": f"your allowance from {view.user.partition('/')[0]}",
-        }.get(view.kind, "credit")
+
+        def running_low() -> str:
+            values = {
+                "time": format_duration(left or 0),
+                "owner": owner,
+                "balance": format_money(balance, currency),
+                "rate": format_money(rate, currency),
+            }
+            if view.kind == "group":
+                return _(
+                    "%(time)s of the %(owner)s group's credit left (%(balance)s at %(rate)s/h) —"
+                    " your server will stop; your files are kept.",
+                    **values,
+                )
+            if view.kind == "allowance":
+                return _(
+                    "%(time)s of your allowance from %(owner)s left (%(balance)s at"
+                    " %(rate)s/h) — your server will stop; your files are kept.",
+                    **values,
+                )
+            return _(
+                "%(time)s of credit left (%(balance)s at %(rate)s/h) — your server will stop;"
+                " your files are kept.",
+                **values,
+            )
+
         for minutes in self.warn_minutes:
             if left is not None and left <= minutes * 60:
                 for session in view.paying:
                     key = f"warn:{session.id}:{minutes}"
-                    if self.ledger.notify(
-                        session.user_name,
-                        key,
-                        "warning",
-                        f"{format_duration(left)} of {credit} left ({format_money(balance, currency)}"
-                        f" at {format_money(rate, currency)}/h) — your server will stop; your files"
-                        " are kept.",
-                    ):
+                    if self.ledger.notify(session.user_name, key, "warning", running_low):
                         result.notified.append(key)
+
+
+def server_phrase(name: str) -> str:
+    """ "server", or "server 'gpu'" for a named server: how a message names it."""
+    return _("server %(name)s", name=repr(name)) if name else _("server")
 
 
 def _limited(users: dict, what: str) -> Iterable[str]:

@@ -23,7 +23,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
 from meterhub.i18n import DEFAULT as DEFAULT_LANGUAGE
-from meterhub.i18n import in_every_language
+from meterhub.i18n import _, in_every_language
 
 from .clock import utcnow
 from .money import MICROS, accrued, format_duration, format_money, seconds_covered, window_charge
@@ -38,7 +38,7 @@ from .orm import (
     Reconciliation,
     Wallet,
 )
-from .wallets import WalletRef, as_ref, period_phrase, period_start
+from .wallets import WalletRef, as_ref, pass_period_name, period_phrase, period_start
 
 if TYPE_CHECKING:
     from sqlalchemy.engine import CursorResult
@@ -183,7 +183,7 @@ class Postings:
         wallet = self._wallet(db, ref, lock=True)
         if wallet is None:
             if ref.kind != "user":
-                raise UnknownWallet(f"There is no {ref.kind} {ref.name!r} with a wallet")
+                raise UnknownWallet(no_wallet_message(ref))
             user = ref.name
             wallet = self._new_wallet(db, ref)
             self.fault("wallet-created")
@@ -228,7 +228,7 @@ class Postings:
         reused for another request is refused (409), before anything else is looked at."""
         existing = db.scalars(select(Entry).where(Entry.key == key)).first()
         if existing is not None and existing.request_digest != digest:
-            raise KeyConflict("That idempotency key was already used for a different request")
+            raise KeyConflict(_("That idempotency key was already used for a different request"))
         return existing
 
     def _post(
@@ -307,16 +307,16 @@ class Postings:
     ) -> Posted:
         """Credit from nothing (an admin's grant): positive."""
         if amount_micros <= 0:
-            raise LedgerError("a grant must be positive")
+            raise LedgerError(_("a grant must be positive"))
         digest = request_digest("grant", user=user, amount=amount_micros, note=note)
         return self._keyed_post(user, "grant", amount_micros, key, actor, digest, note)
 
     def adjust(self, user: str, amount_micros: int, key: str, reason: str, actor: str) -> Posted:
         """A signed correction with its reason: how a mistake in the ledger is fixed."""
         if amount_micros == 0:
-            raise LedgerError("an adjustment must not be zero")
+            raise LedgerError(_("an adjustment must not be zero"))
         if not reason.strip():
-            raise LedgerError("an adjustment needs a reason")
+            raise LedgerError(_("an adjustment needs a reason"))
         digest = request_digest("adjustment", user=user, amount=amount_micros, reason=reason)
         return self._keyed_post(user, "adjustment", amount_micros, key, actor, digest, reason)
 
@@ -331,9 +331,9 @@ class Postings:
         """Give back (part of) what a session was charged: never more than was charged and
         not yet refunded. `None` refunds all of that."""
         if not reason.strip():
-            raise LedgerError("a refund needs a reason")
+            raise LedgerError(_("a refund needs a reason"))
         if amount_micros is not None and amount_micros <= 0:
-            raise LedgerError("a refund must be positive")
+            raise LedgerError(_("a refund must be positive"))
         digest = request_digest("refund", session=session_id, amount=amount_micros, reason=reason)
         with self.begin() as db:
             existing = self._replay(db, key, digest)
@@ -341,7 +341,7 @@ class Postings:
                 return Posted(existing, True)
             session = self._lock_session(db, session_id)
             if session is None:
-                raise LedgerError(f"no session {session_id}")
+                raise LedgerError(_("no session %(id)s", id=session_id))
             moved = dict(
                 db.execute(
                     select(Entry.kind, func.sum(Entry.amount_micros))
@@ -352,11 +352,14 @@ class Postings:
             refundable = -int(moved.get("charge") or 0) - int(moved.get("refund") or 0)
             amount = refundable if amount_micros is None else amount_micros
             if refundable <= 0:
-                raise LedgerError(f"session {session_id} has nothing left to refund")
+                raise LedgerError(_("session %(id)s has nothing left to refund", id=session_id))
             if amount > refundable:
                 raise LedgerError(
-                    f"session {session_id} can be refunded at most"
-                    f" {format_money(refundable, self.currency)}"
+                    _(
+                        "session %(id)s can be refunded at most %(amount)s",
+                        id=session_id,
+                        amount=format_money(refundable, self.currency),
+                    )
                 )
             wallet = db.get(Wallet, session.wallet_id, populate_existing=True)
             assert wallet is not None  # a session's wallet_id is a foreign key
@@ -446,25 +449,16 @@ class Postings:
             minutes = min_seconds // 60
             # with no minimum minutes, an empty wallet still starts nothing it would pay for
             if available < needed or (new_rate and available <= 0):
-                whose = {
-                    "group": f"The {payer.name} group's balance",
-                    "course": f"Your allowance from {payer.name}",
-                }.get(payer.kind, "Your balance")
-                others = (
-                    " with its running servers" if payer.is_group else " with your running servers"
-                )
                 raise InsufficientCredit(
-                    f"{whose} is {format_money(account.balance_micros, self.currency)}; "
-                    f"{label or profile} costs {format_money(rate_micros_per_hour, self.currency)}/h"
-                    f" and needs at least {minutes} minutes of credit"
-                    f" ({format_money(needed, self.currency)}"
-                    + (others if open_rates else "")
-                    + ")."
-                    + {
-                        "group": " Ask the group's admin to top it up, or pay from your own"
-                        " wallet.",
-                        "course": " Ask your instructor, or pay from your own wallet.",
-                    }.get(payer.kind, " Top up, or choose debug mode.")
+                    not_enough_credit(
+                        payer,
+                        with_running=bool(open_rates),
+                        balance=format_money(account.balance_micros, self.currency),
+                        label=label or profile,
+                        rate=format_money(rate_micros_per_hour, self.currency),
+                        minutes=minutes,
+                        needed=format_money(needed, self.currency),
+                    )
                 )
             if payer.is_group:
                 cap = db.scalars(
@@ -481,16 +475,34 @@ class Postings:
                     )
                     left = cap.amount_micros - spent
                     if left < mine + accrued(new_rate, min_seconds) or (new_rate and left <= 0):
-                        raise CapReached(
-                            f"Your {payer.name} cap {period_phrase(cap.period)} is"
-                            f" {format_money(cap.amount_micros, self.currency)} and"
-                            f" {format_money(max(0, left), self.currency)} of it is left;"
-                            f" {label or profile} needs at least {minutes} minutes"
-                            f" ({format_money(mine + accrued(new_rate, min_seconds), self.currency)}"
-                            + (" with your running servers" if mine else "")
-                            + "). Ask the group's admin to raise your cap, or pay from your"
-                            " own wallet."
-                        )
+                        values = {
+                            "group": payer.name,
+                            "period": period_phrase(cap.period),
+                            "cap": format_money(cap.amount_micros, self.currency),
+                            "left": format_money(max(0, left), self.currency),
+                            "label": label or profile,
+                            "minutes": minutes,
+                            "needed": format_money(
+                                mine + accrued(new_rate, min_seconds), self.currency
+                            ),
+                        }
+                        if mine:
+                            message = _(
+                                "Your %(group)s cap %(period)s is %(cap)s and %(left)s of it is"
+                                " left; %(label)s needs at least %(minutes)s minutes (%(needed)s"
+                                " with your running servers). Ask the group's admin to raise your"
+                                " cap, or pay from your own wallet.",
+                                **values,
+                            )
+                        else:
+                            message = _(
+                                "Your %(group)s cap %(period)s is %(cap)s and %(left)s of it is"
+                                " left; %(label)s needs at least %(minutes)s minutes"
+                                " (%(needed)s). Ask the group's admin to raise your cap, or pay"
+                                " from your own wallet.",
+                                **values,
+                            )
+                        raise CapReached(message)
             session = MeteredSession(
                 wallet_id=account.id,
                 user_name=user,
@@ -690,21 +702,35 @@ class Postings:
             starts = latest_end or now
             ends = starts + duration_seconds
             if capacity == 0:
-                raise NoCapacity(f"This site sells no passes for {label or profile}.")
+                raise NoCapacity(
+                    _("This site sells no passes for %(label)s.", label=label or profile)
+                )
             if capacity is not None:
                 peak = _peak_reserved(db, profile, starts, ends)
                 if peak + gpus > capacity:
                     free = max(0, capacity - peak)
                     raise NoCapacity(
-                        f"A {period} pass for {label or profile} cannot be sold: this site has"
-                        f" {capacity} such GPU(s) and passes already reserve {peak} of them"
-                        f" in that time ({free} left)."
+                        _(
+                            "A %(period)s pass for %(label)s cannot be sold: this site has"
+                            " %(capacity)s such GPU(s) and passes already reserve %(peak)s of"
+                            " them in that time (%(free)s left).",
+                            period=pass_period_name(period),
+                            label=label or profile,
+                            capacity=capacity,
+                            peak=peak,
+                            free=free,
+                        )
                     )
             if wallet.balance_micros < price_micros:
                 raise InsufficientCredit(
-                    f"Your balance is {format_money(wallet.balance_micros, self.currency)};"
-                    f" a {period} pass for {label or profile} costs"
-                    f" {format_money(price_micros, self.currency)}. Top up first."
+                    _(
+                        "Your balance is %(balance)s; a %(period)s pass for %(label)s costs"
+                        " %(price)s. Top up first.",
+                        balance=format_money(wallet.balance_micros, self.currency),
+                        period=pass_period_name(period),
+                        label=label or profile,
+                        price=format_money(price_micros, self.currency),
+                    )
                 )
             self._post(
                 db,
@@ -742,7 +768,9 @@ class Postings:
         """An admin's price for new sessions of a profile, from `effective_from` (now when
         None). Adds a row to the price history; running sessions keep their captured rate."""
         if micros_per_hour < 0:
-            raise LedgerError(f"A price cannot be negative: {micros_per_hour} micros per hour")
+            raise LedgerError(
+                _("A price cannot be negative: %(micros)s micros per hour", micros=micros_per_hour)
+            )
         now = self.clock()
         with self.begin() as db:
             price = Price(
@@ -892,16 +920,70 @@ def cap_left_seconds(session, spent_micros: int, now: int) -> int | None:
 def cap_phrase(session, currency: str, spent_micros: int | None = None) -> str:
     """ "stop after ¥12.00 (¥3.40 left) or 3 h": the caps a user set, as pages and
     notifications say them."""
-    parts = []
+    money = time = None
     if session.max_cost_micros is not None:
         money = format_money(session.max_cost_micros, currency)
         if spent_micros is not None:
             left = format_money(max(0, session.max_cost_micros - spent_micros), currency)
-            money += f" ({left} left)"
-        parts.append(money)
+            money = _("%(cost)s (%(left)s left)", cost=money, left=left)
     if session.max_seconds is not None:
-        parts.append(format_duration(session.max_seconds))
-    return "stop after " + " or ".join(parts)
+        time = format_duration(session.max_seconds)
+    if money is not None and time is not None:
+        return _("stop after %(cost)s or %(time)s", cost=money, time=time)
+    return _("stop after %(limit)s", limit=money if money is not None else time)
+
+
+def not_enough_credit(payer: WalletRef, with_running: bool, **values) -> str:
+    """Why a spawn is refused for credit: whose money, what it costs, what to do."""
+    values["name"] = payer.name
+    if payer.is_group:
+        if with_running:
+            return _(
+                "The %(name)s group's balance is %(balance)s; %(label)s costs %(rate)s/h and"
+                " needs at least %(minutes)s minutes of credit (%(needed)s with its running"
+                " servers). Ask the group's admin to top it up, or pay from your own wallet.",
+                **values,
+            )
+        return _(
+            "The %(name)s group's balance is %(balance)s; %(label)s costs %(rate)s/h and needs"
+            " at least %(minutes)s minutes of credit (%(needed)s). Ask the group's admin to top"
+            " it up, or pay from your own wallet.",
+            **values,
+        )
+    if payer.kind == "course":
+        if with_running:
+            return _(
+                "Your allowance from %(name)s is %(balance)s; %(label)s costs %(rate)s/h and"
+                " needs at least %(minutes)s minutes of credit (%(needed)s with your running"
+                " servers). Ask your instructor, or pay from your own wallet.",
+                **values,
+            )
+        return _(
+            "Your allowance from %(name)s is %(balance)s; %(label)s costs %(rate)s/h and needs"
+            " at least %(minutes)s minutes of credit (%(needed)s). Ask your instructor, or pay"
+            " from your own wallet.",
+            **values,
+        )
+    if with_running:
+        return _(
+            "Your balance is %(balance)s; %(label)s costs %(rate)s/h and needs at least"
+            " %(minutes)s minutes of credit (%(needed)s with your running servers). Top up, or"
+            " choose debug mode.",
+            **values,
+        )
+    return _(
+        "Your balance is %(balance)s; %(label)s costs %(rate)s/h and needs at least"
+        " %(minutes)s minutes of credit (%(needed)s). Top up, or choose debug mode.",
+        **values,
+    )
+
+
+def no_wallet_message(ref: WalletRef) -> str:
+    if ref.kind == "group":
+        return _("There is no group %(name)s with a wallet", name=repr(ref.name))
+    if ref.kind == "course":
+        return _("There is no course %(name)s with a wallet", name=repr(ref.name))
+    return _("There is no %(kind)s %(name)s with a wallet", kind=ref.kind, name=repr(ref.name))
 
 
 def covering_passes(db: Session, session: MeteredSession) -> list[tuple[int, int]]:

@@ -14,11 +14,13 @@ import datetime
 import re
 from typing import NamedTuple
 
+from meterhub.i18n import N_, _
+
 #: a user name (the hub's rule, hub/accounts.py) and a group name
 USER_NAME = re.compile(r"^[a-z0-9][a-z0-9._@-]{0,63}\Z")
 #: (a group's name is also in its admins' role name, which must end in a letter or digit)
 GROUP_NAME = re.compile(r"^[a-z0-9](?:[a-z0-9._-]{0,62}[a-z0-9])?\Z")
-GROUP_RULE = (
+GROUP_RULE = N_(
     "lower-case letters, digits, '.', '_' or '-', starting and ending with a letter or"
     " digit, at most 64 characters"
 )
@@ -53,21 +55,28 @@ def allowance_ref(course: str, user: str) -> WalletRef:
 def parse_wallet(text: object) -> WalletRef:
     """`user:NAME`, a bare NAME (a user) or `group:NAME`; WalletRefError says what is wrong."""
     if not isinstance(text, str) or not text or len(text) > 80:
-        raise WalletRefError("a wallet is 'user:NAME', 'group:NAME', 'course:NAME' or a user name")
+        raise WalletRefError(
+            _("a wallet is 'user:NAME', 'group:NAME', 'course:NAME' or a user name")
+        )
     kind, sep, name = text.partition(":")
     if not sep:
         kind, name = "user", text
     if kind not in KINDS:
         raise WalletRefError(
-            f"unknown wallet kind {kind[:20]!r}: a wallet is 'user:NAME', 'group:NAME' or"
-            " 'course:NAME'"
+            _(
+                "unknown wallet kind %(kind)s: a wallet is 'user:NAME', 'group:NAME' or"
+                " 'course:NAME'",
+                kind=repr(kind[:20]),
+            )
         )
     if kind in ("group", "course"):
         name = fold(name)
         if not GROUP_NAME.match(name):
-            raise WalletRefError(f"invalid group name {name[:64]!r}: {GROUP_RULE}")
+            raise WalletRefError(
+                _("invalid group name %(name)s: %(rule)s", name=repr(name[:64]), rule=_(GROUP_RULE))
+            )
     elif not USER_NAME.match(name):
-        raise WalletRefError(f"invalid user name {name[:64]!r}")
+        raise WalletRefError(_("invalid user name %(name)s", name=repr(name[:64])))
     return WalletRef(kind, name)
 
 
@@ -104,6 +113,19 @@ def period_start(period: str, now: int, tz: datetime.tzinfo = datetime.UTC) -> i
     return int(datetime.datetime(day.year, day.month, day.day, tzinfo=tz).timestamp())
 
 
+PERIOD_PHRASES = {
+    "week": N_("for this week"),
+    "month": N_("for this month"),
+    "total": N_("in total"),
+}
+PASS_PERIOD_NAMES = {"daily": N_("daily"), "weekly": N_("weekly"), "monthly": N_("monthly")}
+
+
 def period_phrase(period: str) -> str:
     """'for this week', 'for this month', 'in total': "your vision cap for this month"."""
-    return {"week": "for this week", "month": "for this month", "total": "in total"}[period]
+    return _(PERIOD_PHRASES[period])
+
+
+def pass_period_name(period: str) -> str:
+    """ "daily", "weekly", "monthly": a pass's period as a person reads it."""
+    return _(PASS_PERIOD_NAMES[period]) if period in PASS_PERIOD_NAMES else period

@@ -14,6 +14,8 @@ import re
 
 import bcrypt
 
+from meterhub.i18n import N_, _
+
 #: The one user-name rule, for every way in: sign-up, the login page, OAuth, the admin API
 #: (`Authenticator.username_pattern`) and `meterhub user add`. JupyterHub lower-cases a name
 #: before it checks it. No whitespace, quotes or markup can pass, so a name is safe in HTML,
@@ -21,7 +23,7 @@ import bcrypt
 #: name people by e-mail (Azure AD's `preferred_username`, Google) sign in. `\Z`, not `$`:
 #: `$` also matches before a trailing newline.
 USERNAME_PATTERN = r"^[a-z0-9][a-z0-9._@-]{0,63}\Z"
-USERNAME_RULE = (
+USERNAME_RULE = N_(
     "lower-case letters, digits, '.', '_', '-' or '@', starting with a letter or digit,"
     " at most 64 characters"
 )
@@ -39,17 +41,21 @@ def hub_db_url(site: dict) -> str:
 def check_password(site: dict, password: str) -> None:
     minimum = site["auth"]["minimum_password_length"]
     if len(password) < minimum:
-        raise AccountError(f"the password is too short: at least {minimum} characters")
+        raise AccountError(
+            _("the password is too short: at least %(minimum)s characters", minimum=minimum)
+        )
     from nativeauthenticator import NativeAuthenticator
 
     if NativeAuthenticator(add_new_table=False).is_password_common(password):
-        raise AccountError("that password is one of the most common ones; choose another")
+        raise AccountError(_("that password is one of the most common ones; choose another"))
 
 
 def add_user(site: dict, name: str, password: str, admin: bool = False, replace: bool = False):
     """Create (or with `replace`, reset) a local account that can sign in; returns created."""
     if not NAME.match(name):
-        raise AccountError(f"invalid user name {name!r}: {USERNAME_RULE}")
+        raise AccountError(
+            _("invalid user name %(name)s: %(rule)s", name=repr(name), rule=_(USERNAME_RULE))
+        )
     check_password(site, password)
     from jupyterhub import orm
     from nativeauthenticator.orm import UserInfo
@@ -61,7 +67,7 @@ def add_user(site: dict, name: str, password: str, admin: bool = False, replace:
     try:
         info = UserInfo.find(db, name)
         if info is not None and not replace:
-            raise AccountError(f"user {name!r} already exists")
+            raise AccountError(_("user %(name)s already exists", name=repr(name)))
         user = orm.User.find(db, name)
         if user is None:
             user = orm.User(name=name)

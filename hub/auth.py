@@ -23,10 +23,31 @@ from nativeauthenticator.handlers import SignUpHandler as NativeSignUpHandler
 from nativeauthenticator.orm import UserInfo
 from tornado import web
 
+from meterhub.i18n import N_, _
+
 from .accounts import USERNAME_RULE
 
 #: what approval and discard answer to a GET
 POST_ONLY = "POST"
+
+#: what JupyterHub's login and NativeAuthenticator's sign-up say, translated where the pages
+#: show them (`{{ _(login_error) }}`, `{{ _(result_message) }}`)
+UPSTREAM_MESSAGES = (
+    N_("Invalid username or password"),
+    N_("You failed the reCAPTCHA. Please try again"),
+    N_(
+        "Something went wrong!\nIt appears that this username is already in use. Please try"
+        " again with a different username."
+    ),
+    N_("Your password did not match the confirmation. Please try again."),
+    N_(
+        "Something went wrong!\nBe sure your username does not contain spaces, commas or"
+        " slashes and your password is not too common."
+    ),
+    N_("The signup was successful! You can now go to the home page and log in to the system."),
+    N_("Your information has been sent to the admin."),
+    N_("The signup was successful! Check your email to authorize your access."),
+)
 
 
 class SignUpHandler(NativeSignUpHandler):
@@ -39,11 +60,11 @@ class SignUpHandler(NativeSignUpHandler):
         raw = self.get_body_argument("username", "", strip=False)
         name = self.authenticator.normalize_username(raw)
         if not self.authenticator.validate_username(name):
-            message = f"That user name is not allowed: use {USERNAME_RULE}."
+            message = _("That user name is not allowed: use %(rule)s.", rule=_(USERNAME_RULE))
         elif self.find_user(name) is not None:
             # an account the hub already has (made by an admin, with no password yet) is
             # not anyone's to claim by signing up with its name
-            message = "That user name is already in use."
+            message = _("That user name is already in use.")
         else:
             return await super().post()
         self.set_status(400)
@@ -65,7 +86,7 @@ class _AdminPostHandler(LocalBase):
 
     def get(self, name):
         raise web.HTTPError(
-            405, "This changes an account: use the buttons on the Authorize users page."
+            405, "%s", _("This changes an account: use the buttons on the Authorize users page.")
         )
 
     head = get
@@ -79,7 +100,9 @@ class _AdminPostHandler(LocalBase):
     def find_account(self, name: str) -> UserInfo:
         info = UserInfo.find(self.db, name)
         if info is None:
-            raise web.HTTPError(404, f"No account {name!r} is waiting or approved.")
+            raise web.HTTPError(
+                404, "%s", _("No account %(name)s is waiting or approved.", name=repr(name))
+            )
         return info
 
     def back_to_authorize(self):
@@ -97,7 +120,7 @@ class ApproveHandler(_AdminPostHandler):
         if action not in ("approve", "revoke"):
             raise web.HTTPError(400, "action must be 'approve' or 'revoke'")
         if action == "revoke" and name == self.current_user.name:
-            raise web.HTTPError(400, "You cannot revoke your own account.")
+            raise web.HTTPError(400, "%s", _("You cannot revoke your own account."))
         info = self.find_account(name)
         info.is_authorized = action == "approve"
         self.db.commit()

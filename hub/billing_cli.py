@@ -22,6 +22,7 @@ from traitlets.config import Config
 from meterhub.billing_hooks import actions
 from meterhub.billing_hooks.money import format_duration, format_money
 from meterhub.billing_hooks.settings import BillingSettings
+from meterhub.i18n import _
 
 from .config import ConfigError, apply_config, load_site_config
 
@@ -77,7 +78,12 @@ def require_user(c: Config, name: str) -> None:
         path = url[len("sqlite:///") :]
         if not os.path.lexists(path):  # connecting would create an empty database
             raise CliError(
-                f"unknown user {name!r}: create the account first (no hub database at {path} yet)"
+                _(
+                    "unknown user %(name)s: create the account first (no hub database at"
+                    " %(path)s yet)",
+                    name=repr(name),
+                    path=path,
+                )
             )
     try:
         engine = create_engine(url)
@@ -91,10 +97,14 @@ def require_user(c: Config, name: str) -> None:
     except (SQLAlchemyError, OSError, ImportError) as e:
         reason = e.orig if isinstance(e, DBAPIError) else e
         raise DatabaseUnreadable(
-            f"cannot read the hub database ({_shown_url(url)}): {reason}"
+            _(
+                "cannot read the hub database (%(url)s): %(reason)s",
+                url=_shown_url(url),
+                reason=reason,
+            )
         ) from None
     if not found:
-        raise CliError(f"unknown user {name!r}: create the account first")
+        raise CliError(_("unknown user %(name)s: create the account first", name=repr(name)))
 
 
 def _require_wallet(c: Config, ledger, reference: str) -> str:
@@ -104,13 +114,27 @@ def _require_wallet(c: Config, ledger, reference: str) -> str:
         ref = actions.wallet_ref(reference)
     except actions.ActionError as e:
         raise CliError(e.message) from None
-    kind, _, name = ref.partition(":")
+    kind, _sep, name = ref.partition(":")
     if kind == "user":
         require_user(c, name)
         return name
     found = ledger.group(name, kinds=("group", "course"))
     if found is None or found.kind != kind:
-        raise CliError(f"no {kind} {name!r}: create it with `meterhub {kind} create {name}`")
+        if kind == "group":
+            raise CliError(
+                _(
+                    "no group %(name)s: create it with `meterhub group create %(bare)s`",
+                    name=repr(name),
+                    bare=name,
+                )
+            )
+        raise CliError(
+            _(
+                "no course %(name)s: create it with `meterhub course create %(bare)s`",
+                name=repr(name),
+                bare=name,
+            )
+        )
     return ref
 
 
@@ -175,7 +199,7 @@ def credit_adjust(args) -> int:
 def billing_refund(args) -> int:
     raw = args.session_id
     if not (raw.isascii() and raw.isdigit() and 0 < len(raw) <= MAX_SESSION_DIGITS):
-        raise CliError(f"session id must be a whole number, e.g. 42 (got {raw!r})")
+        raise CliError(_("session id must be a whole number, e.g. 42 (got %(raw)s)", raw=repr(raw)))
     session_id = int(raw)
     _c, settings = load_settings(args)
     ledger = settings.ledger()
@@ -266,13 +290,18 @@ def migrate(args) -> int:
     _c, settings = load_settings(args)
     source_url, target_url = settings.db_url, args.to
     if source_url.startswith("sqlite:///") and not os.path.isfile(source_url[len("sqlite:///") :]):
-        raise CliError(f"no billing database at {_shown_url(source_url)}: nothing to migrate")
+        raise CliError(
+            _(
+                "no billing database at %(url)s: nothing to migrate",
+                url=_shown_url(source_url),
+            )
+        )
     try:
         same = make_url(target_url) == make_url(source_url)
     except SQLAlchemyError:
-        raise CliError(f"--to: not a database URL: {target_url!r}") from None
+        raise CliError(_("--to: not a database URL: %(url)s", url=repr(target_url))) from None
     if same:
-        raise CliError("--to is the configured billing database itself")
+        raise CliError(_("--to is the configured billing database itself"))
     source = connect(source_url, create=False, config_hint=_config_hint(args))
     try:
         result = copy_ledger(source, target_url, int(time.time()))

@@ -7,7 +7,9 @@ import sys
 
 from sqlalchemy.exc import DBAPIError
 
+from meterhub import i18n
 from meterhub.billing_hooks.db import SchemaMismatch
+from meterhub.i18n import _
 
 from .billing_cli import CliError
 from .config import ConfigError
@@ -176,6 +178,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    # refusals in the operator's language (LANGUAGE, LC_ALL, LC_MESSAGES, LANG)
+    i18n.set_language(i18n.environment_language())
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
@@ -183,7 +187,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"meterhub: {e}", file=sys.stderr)
         return getattr(e, "exit_code", 2)
     except DBAPIError as e:
-        print(f"meterhub: the billing database did not answer: {e.orig}", file=sys.stderr)
+        message = _("the billing database did not answer: %(reason)s", reason=e.orig)
+        print(f"meterhub: {message}", file=sys.stderr)
         return 3
 
 

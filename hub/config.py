@@ -447,7 +447,24 @@ def template_vars(site: dict, sandbox_warning: str = "") -> dict:
         "meterhub_native_auth": native,
         "meterhub_signup": native and site["auth"]["enable_signup"],
         "meterhub_sandbox_warning": sandbox_warning,
+        **site_template_vars(site),
         **language_template_vars(),
+    }
+
+
+def site_template_vars(site: dict) -> dict:
+    """What the sign-in and prices pages say about the site: its name, the trial credit."""
+    from meterhub.billing_hooks.money import format_money, parse_amount
+
+    billing = site["billing"]
+    return {
+        "meterhub_site_name": site["site_name"],
+        "meterhub_trial_credit": format_money(
+            parse_amount(billing["trial_credit"], where="billing.trial_credit")
+            if Decimal(billing["trial_credit"])
+            else 0,
+            billing["currency"],
+        ),
     }
 
 
@@ -483,6 +500,7 @@ PAGE_HANDLERS = [
     (r"/wallet", "meterhub.hub.pages.WalletPage"),
     (r"/wallet/passes", "meterhub.hub.pages.WalletPassesPage"),
     (r"/wallet/usage.csv", "meterhub.hub.pages.WalletCsv"),
+    (r"/prices", "meterhub.hub.pages.PricesPage"),
     (r"/billing-admin", "meterhub.hub.pages.BillingAdminPage"),
     (r"/billing-admin/grant", "meterhub.hub.pages.BillingAdminGrant"),
     (r"/groups/([^/]+)", "meterhub.hub.group_pages.GroupPage"),

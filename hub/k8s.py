@@ -33,6 +33,7 @@ from .config import (
     apply_spawner_config,
     language_template_vars,
     load_site_config,
+    site_template_vars,
 )
 
 SITE_PATH = "/etc/meterhub/meterhub.yaml"
@@ -208,6 +209,7 @@ def configure(c: Config, path: str | None = None) -> dict:
         "meterhub_native_auth": False,
         "meterhub_signup": False,
         "meterhub_sandbox_warning": "",
+        **site_template_vars(site),
         **language_template_vars(),
     }
     register_trial_credit(c)

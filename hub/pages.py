@@ -15,6 +15,7 @@ from datetime import UTC, datetime
 from decimal import Decimal
 
 from jupyterhub.handlers import BaseHandler
+from markupsafe import Markup
 from tornado import web
 
 from meterhub.billing_hooks import actions
@@ -22,8 +23,10 @@ from meterhub.billing_hooks.api import usage_json, wallet_json
 from meterhub.billing_hooks.money import CURRENCY_SYMBOLS, accrued, format_money, to_micros
 from meterhub.billing_hooks.scopes import GROUP_ADMIN_SCOPE, is_billing_admin, may_spend
 from meterhub.billing_hooks.settings import BillingSettings, pass_capacity, priced_catalog
+from meterhub.billing_hooks.wallets import pass_period_name
+from meterhub.i18n import N_, _
 from meterhub.spawner import disk_archive
-from meterhub.spawner.catalog import Catalog
+from meterhub.spawner.catalog import PASS_PERIODS, Catalog
 from meterhub.spawner.local import GIB, LocalGPUSpawner
 
 DAY = 86_400
@@ -46,6 +49,45 @@ def when(epoch: int | None) -> str:
     if epoch is None:
         return ""
     return datetime.fromtimestamp(epoch, UTC).strftime("%Y-%m-%d %H:%M UTC")
+
+
+def time_tag(value: int | str | None) -> Markup:
+    """A moment as `<time datetime="…">2026-12-04 14:00 UTC</time>` (an epoch or ISO 8601
+    text): page.html's script shows it in the browser's time zone; without JavaScript it
+    reads in UTC."""
+    if value is None or value == "":
+        return Markup("")
+    if isinstance(value, str):
+        moment = datetime.fromisoformat(value)
+        moment = moment if moment.tzinfo else moment.replace(tzinfo=UTC)
+    else:
+        moment = datetime.fromtimestamp(value, UTC)
+    moment = moment.astimezone(UTC)
+    return Markup('<time datetime="{}">{}</time>').format(
+        moment.isoformat(timespec="seconds"), moment.strftime("%Y-%m-%d %H:%M UTC")
+    )
+
+
+#: ledger entry kinds as the billing admin page names them
+ENTRY_KIND_NAMES = {
+    "trial": N_("trial"),
+    "grant": N_("grant"),
+    "topup": N_("top-up"),
+    "charge": N_("charge"),
+    "pass": N_("pass"),
+    "refund": N_("refund"),
+    "adjustment": N_("adjustment"),
+    "allowance": N_("allowance"),
+}
+
+
+def entry_kind(kind: str) -> str:
+    return _(ENTRY_KIND_NAMES[kind]) if kind in ENTRY_KIND_NAMES else kind
+
+
+def profile_name(slug: str) -> str:
+    """A profile as pages name it in a table: the GPU type's slug, or "debug" translated."""
+    return _("debug") if slug == "debug" else slug
 
 
 #: member colours on a group's plot: a fixed palette, taken in order of the members' names
@@ -89,7 +131,7 @@ def plot_svg(
     scale = (height - bottom - 8) / top
     parts = [
         f'<svg class="meterhub-plot" viewBox="0 0 {width} {height}" role="img"'
-        f' aria-label="Spending of the last {days} days by {html.escape(by)}"'
+        f' aria-label="{html.escape(plot_label(days, by))}"'
         ' xmlns="http://www.w3.org/2000/svg">',
         f'<line x1="{left}" y1="{height - bottom}" x2="{width}" y2="{height - bottom}"'
         ' stroke="currentColor" stroke-opacity="0.4"/>',
@@ -117,6 +159,12 @@ def plot_svg(
         )
     parts.append("</svg>")
     return "".join(parts)
+
+
+def plot_label(days: int, by: str) -> str:
+    if by == "member":
+        return _("Spending of the last %(days)s days by member", days=days)
+    return _("Spending of the last %(days)s days by profile", days=days)
 
 
 class MeterhubPage(BaseHandler):
@@ -166,6 +214,10 @@ class MeterhubPage(BaseHandler):
             sync=True,
             money=self.money,
             when=when,
+            time_tag=time_tag,
+            profile_name=profile_name,
+            entry_kind=entry_kind,
+            period_name=pass_period_name,
             currency=settings.currency,
             currency_symbol=CURRENCY_SYMBOLS.get(settings.currency, settings.currency + " "),
             **ns,
@@ -250,7 +302,7 @@ class WalletPage(MeterhubPage):
                 size = None  # a big disk: measured on, shown at a later visit
         quota = spawner.disk_quota_gib
         return {
-            "size": "still being measured" if size is None else disk_archive.gib(size),
+            "size": _("still being measured") if size is None else disk_archive.gib(size),
             "quota": None if quota is None else f"{quota:g}",
             "over": quota is not None and size is not None and size > quota * GIB,
             "archived_on": marker.day if marker else "",
@@ -261,13 +313,13 @@ class WalletPassesPage(WalletPage):
     @web.authenticated
     async def post(self):
         if not may_spend(self.expanded_scopes):
-            raise web.HTTPError(403, "Buying passes needs the custom:meterhub:spend scope")
+            raise web.HTTPError(403, "%s", _("Buying passes needs the custom:meterhub:spend scope"))
         ledger = await self.billing.ledger_async()
         offer = self.get_body_argument("offer", "")
         try:
             profile, gpus, period = offer.split(":")
         except ValueError:
-            await self.show(error="Choose a pass to buy.", status=400)
+            await self.show(error=_("Choose a pass to buy."), status=400)
             return
         catalog = await asyncio.to_thread(priced_catalog, self.settings["config"], ledger)
         posted = await self.act(
@@ -287,8 +339,13 @@ class WalletPassesPage(WalletPage):
             held = posted.value
             label = catalog.choice(held.profile, held.gpus).label
             await self.show(
-                message=f"Bought a {held.period} pass for {label}"
-                f" ({self.money(held.price_micros)}), valid until {when(held.ends_at)}."
+                message=_(
+                    "Bought a %(period)s pass for %(label)s (%(price)s), valid until %(until)s.",
+                    period=pass_period_name(held.period),
+                    label=label,
+                    price=self.money(held.price_micros),
+                    until=when(held.ends_at),
+                )
             )
 
 
@@ -308,7 +365,7 @@ class BillingAdminPage(MeterhubPage):
     def check_admin(self) -> None:
         # from the request's scopes (a hub admin's admin:users, or custom:meterhub:admin)
         if not is_billing_admin(self.expanded_scopes):
-            raise web.HTTPError(403, "The billing admin view is for billing admins")
+            raise web.HTTPError(403, "%s", _("The billing admin view is for billing admins"))
 
     async def page_data(self) -> dict:
         ledger = await self.billing.ledger_async()
@@ -365,7 +422,7 @@ class BillingAdminGrant(BillingAdminPage):
         self.check_admin()
         name = self.get_body_argument("user", "").strip()
         if self.find_user(name) is None:
-            await self.show(error=f"No such user: {name!r}", status=404)
+            await self.show(error=_("No such user: %(name)s", name=repr(name)), status=404)
             return
         ledger = await self.billing.ledger_async()
         posted = await self.act(
@@ -382,6 +439,48 @@ class BillingAdminGrant(BillingAdminPage):
         if posted is not None:
             entry = posted.value
             await self.show(
-                message=f"Granted {self.money(entry.amount_micros)} to {name};"
-                f" balance {self.money(entry.balance_after_micros)}."
+                message=_(
+                    "Granted %(amount)s to %(name)s; balance %(balance)s.",
+                    amount=self.money(entry.amount_micros),
+                    name=name,
+                    balance=self.money(entry.balance_after_micros),
+                )
             )
+
+
+class PricesPage(MeterhubPage):
+    """/hub/prices: what each profile costs by the hour and as a pass, for anyone, signed in
+    or not (the sign-in page links it). Prices only: nobody's data."""
+
+    template = "prices.html"
+
+    async def page_data(self) -> dict:
+        ledger = await self.billing.ledger_async()
+        config = self.settings["config"]
+
+        def read():
+            catalog = priced_catalog(config, ledger)
+            rows = []
+            for slug, profile in catalog.profiles().items():
+                rows.append(
+                    {
+                        "slug": slug,
+                        "name": _("debug mode (no GPU)")
+                        if profile.is_debug
+                        else profile.display_name,
+                        "vram_gb": None if profile.is_debug else profile.gpu_type.vram_gb,
+                        "price": self.money(to_micros(profile.price_per_hour)),
+                        "passes": {}
+                        if profile.is_debug
+                        else {
+                            period: self.money(to_micros(catalog.pass_price(slug, 1, period)))
+                            for period in PASS_PERIODS
+                        },
+                    }
+                )
+            return {"rows": rows, "periods": list(PASS_PERIODS)}
+
+        return await asyncio.to_thread(read)
+
+    async def get(self):
+        await self.show()

@@ -187,6 +187,8 @@ PAGES = {
     ("GET", "/wallet/usage.csv"): (None, OWN_PAGE),
     # 402: nobody here can afford the pass, and nothing is written
     ("POST", "/wallet/passes"): ({"offer": "a800:1:daily"}, page_row(403, 402, 402)),
+    # the prices: for anyone, signed in or not (the sign-in page links them)
+    ("GET", "/prices"): (None, page_row(200, 200, 200)),
     ("GET", "/billing-admin"): (None, ADMIN_PAGE),
     ("GET", "/billing-admin/grant"): (None, ADMIN_PAGE),
     ("POST", "/billing-admin/grant"): (

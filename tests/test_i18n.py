@@ -166,9 +166,49 @@ def test_translations_keep_every_placeholder(path):
         ids = message.id if isinstance(message.id, tuple) else (message.id,)
         strings = message.string if isinstance(message.string, tuple) else (message.string,)
         wanted = sorted(set(PLACEHOLDER.findall(ids[-1])) | set(PLACEHOLDER.findall(ids[0])))
-        for string in strings:
+        for string in filter(None, strings):  # an empty one is the test above's to report
             assert sorted(set(PLACEHOLDER.findall(string))) == wanted, (message.id, string)
 
 
 def test_the_lab_catalog_jupyterlab_loads_is_generated_from_its_po():
     assert catalogs.LAB_JSON.read_text() == catalogs.lab_json(catalogs.read(catalogs.LAB_PO))
+
+
+def _binds_underscore(tree) -> list[int]:
+    """Lines where a function (or the module) binds the name `_` (`a, _, b = ...`,
+    `for _ in ...`): in a module that translates with `_`, that shadows it in the whole
+    function, and the first `_("...")` there fails. Comprehensions have scopes of their own."""
+    import ast
+
+    lines = []
+
+    def visit(node, scoped: bool) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.ListComp | ast.SetComp | ast.DictComp | ast.GeneratorExp):
+                continue
+            if isinstance(child, ast.Name) and child.id == "_" and isinstance(child.ctx, ast.Store):
+                lines.append(child.lineno)
+            visit(child, scoped)
+
+    visit(tree, False)
+    return lines
+
+
+def test_no_module_that_translates_shadows_underscore():
+    import ast
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    found = []
+    for folder in ("hub", "spawner", "billing_hooks", "extensions", "i18n"):
+        for path in sorted((root / folder).rglob("*.py")):
+            tree = ast.parse(path.read_text())
+            translates = any(
+                isinstance(node, ast.ImportFrom)
+                and node.module == "meterhub.i18n"
+                and any(alias.name == "_" for alias in node.names)
+                for node in ast.walk(tree)
+            )
+            if translates:
+                found += [f"{path.relative_to(root)}:{line}" for line in _binds_underscore(tree)]
+    assert not found, f"`_` rebound where it translates: {found}"
