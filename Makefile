@@ -4,6 +4,14 @@ VENV := .venv
 PY := $(VENV)/bin/python
 CHP := $(VENV)/node_modules/.bin/configurable-http-proxy
 CHP_VERSION := 5.2.0
+# the installer: uv (many times faster than pip) from PATH, else bootstrapped into the venv
+# by pip at this version, else pip itself (scripts/install-python)
+UV_VERSION := 0.13.8
+# set-up steps print one line each; their output is kept here and shown when one fails
+LOGS := $(VENV)/setup-logs
+QUIETLY := scripts/quietly
+# more for `meterhub serve`, e.g. make serve ARGS="--config meterhub.yaml --port 8080"
+ARGS ?=
 LAB_SRC := extensions/labextension
 LAB := extensions/lab/package.json
 LAB_NODE := $(LAB_SRC)/node_modules/.package-lock.json
@@ -12,7 +20,7 @@ SERVER_CONFIG := $(VENV)/etc/jupyter/jupyter_server_config.d/meterhub.json
 .PHONY: serve test test-fast lint system-deps-serve system-deps-test clean
 
 serve: system-deps-serve $(VENV)/.lab-installed $(CHP) $(LAB) $(SERVER_CONFIG)
-	$(VENV)/bin/meterhub serve
+	@$(VENV)/bin/meterhub serve $(ARGS)
 
 test: system-deps-test $(VENV)/.test-installed $(CHP) $(LAB) $(SERVER_CONFIG)
 	$(VENV)/bin/ruff check .
@@ -37,36 +45,40 @@ system-deps-test:
 	@PYTHON=$(PYTHON) scripts/system-deps test
 
 $(PY):
-	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
+	@$(QUIETLY) $(LOGS)/venv.log "a virtual environment in $(VENV)" $(PYTHON) -m venv $(VENV)
 
 $(VENV)/.lab-installed: pyproject.toml | $(PY)
-	$(PY) -m pip install -q -e '.[lab]'
-	touch $@
+	@$(QUIETLY) $(LOGS)/python.log "meterhub and the servers' packages into $(VENV) (uv, else pip)" \
+		scripts/install-python $(VENV) $(UV_VERSION) -e '.[lab]'
+	@touch $@
 
 $(VENV)/.test-installed: pyproject.toml | $(PY)
-	$(PY) -m pip install -q -e '.[lab,test]'
-	touch $(VENV)/.lab-installed $@
+	@$(QUIETLY) $(LOGS)/python.log "meterhub, the servers' and the tests' packages into $(VENV) (uv, else pip)" \
+		scripts/install-python $(VENV) $(UV_VERSION) -e '.[lab,test]'
+	@touch $(VENV)/.lab-installed $@
 
 # the JupyterLab extension (status bar credit, warnings), prebuilt with JupyterLab's builder
 # and linked where the servers' JupyterLab finds prebuilt extensions
 $(LAB): $(wildcard $(LAB_SRC)/src/*.ts $(LAB_SRC)/style/*) $(LAB_SRC)/tsconfig.json $(LAB_NODE) | $(PY)
-	cd $(LAB_SRC) && PATH="$(abspath $(VENV))/bin:$$PATH" npm run --silent build
-	mkdir -p $(VENV)/share/jupyter/labextensions/@meterhub
-	ln -sfn "$(abspath extensions/lab)" $(VENV)/share/jupyter/labextensions/@meterhub/credit-status
+	@$(QUIETLY) $(LOGS)/lab-build.log "building the JupyterLab extension" \
+		sh -c 'cd $(LAB_SRC) && PATH="$(abspath $(VENV))/bin:$$PATH" npm run --silent build'
+	@mkdir -p $(VENV)/share/jupyter/labextensions/@meterhub
+	@ln -sfn "$(abspath extensions/lab)" $(VENV)/share/jupyter/labextensions/@meterhub/credit-status
 
 # the extension's build, lint and test tools, exactly as package-lock.json pins them
 $(LAB_NODE): $(LAB_SRC)/package.json $(LAB_SRC)/package-lock.json
-	cd $(LAB_SRC) && npm ci --no-audit --no-fund --loglevel=error
+	@$(QUIETLY) $(LOGS)/lab-npm.log "the JupyterLab extension's build tools (npm ci)" \
+		sh -c 'cd $(LAB_SRC) && npm ci --no-audit --no-fund --loglevel=error'
 
 # the server extension switched on in the servers' environment. An editable install skips
 # [tool.setuptools.data-files] (a wheel carries them), so put it where a wheel would; a copy,
 # not a link: the bwrap sandbox binds the environment, not this repository
 $(SERVER_CONFIG): jupyter-config/jupyter_server_config.d/meterhub.json | $(PY)
-	install -D -m 644 $< $@
+	@install -D -m 644 $< $@
 
 $(CHP): | $(PY)
-	npm install --prefix $(VENV) --no-audit --no-fund --loglevel=error configurable-http-proxy@$(CHP_VERSION)
+	@$(QUIETLY) $(LOGS)/proxy.log "configurable-http-proxy $(CHP_VERSION) (npm)" \
+		npm install --prefix $(VENV) --no-audit --no-fund --loglevel=error configurable-http-proxy@$(CHP_VERSION)
 
 clean:
 	rm -rf $(VENV) meterhub-data extensions/lab $(LAB_SRC)/node_modules $(LAB_SRC)/lib

@@ -1,7 +1,10 @@
-"""The wheel installs one package, `meterhub`, with every module and data file the code reads."""
+"""The wheel installs one package, `meterhub`, with every module and data file the code reads;
+building it, or the editable install `make` does, prints no warning."""
 
 from __future__ import annotations
 
+import os
+import re
 import subprocess
 import sys
 import tomllib
@@ -11,7 +14,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-SETUPTOOLS = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
+SETUPTOOLS = PYPROJECT["tool"]["setuptools"]
 #: files the code opens at run time (not imports), as repository paths
 DATA_FILES = (
     "hub/site-schema.yaml",
@@ -80,3 +84,42 @@ def test_no_generic_top_level_name_is_imported():
                 if stripped.startswith((f"from {bare} ", f"from {bare}.", f"import {bare}")):
                     offenders.append(f"{path.relative_to(ROOT)}:{number}: {stripped}")
     assert not offenders, "\n".join(offenders)
+
+
+def run_build_hook(hook: str, out: Path) -> str:
+    """Call a hook of the project's build backend as a frontend (pip, uv) does: in a fresh
+    interpreter in the project's folder, with every warning shown; what it printed."""
+    system = PYPROJECT["build-system"]
+    paths = [str(ROOT / p) for p in system.get("backend-path", [])]
+    code = (
+        f"import importlib, sys; sys.path[:0] = {paths!r}; "
+        f"backend = importlib.import_module({system['build-backend']!r}); "
+        f"print(backend.{hook}({str(out)!r}))"
+    )
+    # compiling is on (PYTHONDONTWRITEBYTECODE makes setuptools say it skips it): a warning
+    # left is one of the build's own
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONDONTWRITEBYTECODE",)}
+    built = subprocess.run(
+        [sys.executable, "-W", "default", "-c", code],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert built.returncode == 0, built.stdout + built.stderr
+    return built.stdout + built.stderr
+
+
+@pytest.mark.parametrize("hook", ["build_wheel", "build_editable"])
+def test_building_prints_no_warning(hook, tmp_path):
+    """No deprecated `project.license` table, no package missing from `packages`, no notice
+    on the editable install: nothing of our packaging in a newcomer's console."""
+    output = run_build_hook(hook, tmp_path)
+    warnings = [
+        line
+        for line in output.splitlines()
+        if re.search(r"warning|InformationOnly|deprecat", line, re.IGNORECASE)
+    ]
+    assert not warnings, "\n".join(warnings) + "\n\n" + output[-3000:]
+    assert len(list(tmp_path.glob("meterhub-*.whl"))) == 1
