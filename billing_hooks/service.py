@@ -14,8 +14,9 @@ import logging
 import os
 import random
 import signal
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from decimal import Decimal
+from typing import Any
 from urllib.parse import urlparse
 
 from tornado import web
@@ -36,6 +37,8 @@ log = logging.getLogger("meterhub.billing")
 #: first api.MAX_BODY bytes of it and refuse the rest with a 413 (a dropped connection
 #: would reach the client as the proxy's 503)
 MAX_STREAMED = 256 * 1024 * 1024
+#: what stops the service: the hub's SIGINT, and SIGTERM (the hub died, or an operator)
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
 def make_app(
@@ -68,7 +71,24 @@ def make_app(
         metrics=metrics,
         metrics_lock=asyncio.Lock(),
         cookie_secret=os.urandom(32),  # OAuth state only; users sign in again after a restart
+        log_function=log_request,
     )
+
+
+def log_request(handler: web.RequestHandler) -> None:
+    """Tornado's access log, with a health check that answers 200 at debug level: probes
+    (the hub at start-up, Kubernetes' liveness) ask often, and JupyterHub logs its own so."""
+    status = handler.get_status()
+    if status == 200 and handler.request.path.endswith("/api/v1/health"):
+        level = logging.DEBUG
+    elif status < 400:
+        level = logging.INFO
+    elif status < 500:
+        level = logging.WARNING
+    else:
+        level = logging.ERROR
+    took_ms = 1000.0 * handler.request.request_time()
+    web.access_log.log(level, "%d %s %.2fms", status, handler._request_summary(), took_ms)
 
 
 def billing_metrics(
@@ -124,7 +144,7 @@ async def run(settings: BillingSettings, config) -> None:
         metrics,
     )
     # bodies stream into the handlers, which refuse more than api.MAX_BODY with a 413
-    app.listen(service_url.port or 8082, service_url.hostname, max_body_size=MAX_STREAMED)
+    server = app.listen(service_url.port or 8082, service_url.hostname, max_body_size=MAX_STREAMED)
     log.info(
         "Billing service at %s, metering every %ss", service_url.geturl(), meter.interval_seconds
     )
@@ -136,12 +156,44 @@ async def run(settings: BillingSettings, config) -> None:
         audit_task = asyncio.create_task(audit_forever(ledger, settings.audit_interval_seconds))
         log.info("Auditing the ledger every %ss", settings.audit_interval_seconds)
     try:
-        await meter.run_forever()
+        stopped_by = await until_stopped(meter.run_forever())
+        log.info("Billing service stopped on %s", stopped_by)
     finally:
+        server.stop()
         metrics.totals.stop()
         catch_up.cancel()
         if audit_task is not None:
             audit_task.cancel()
+
+
+async def until_stopped(work: Coroutine[Any, Any, object]) -> str:
+    """Run `work` until SIGINT or SIGTERM, then cancel it; the signal's name.
+
+    The hub stops its services with SIGINT, the kernel sends SIGTERM when the hub dies
+    (`_die_with_the_hub`); either stops the meter between two awaits. A pass already in a
+    worker thread finishes its transaction: the executor is shut down after this returns.
+    """
+    loop = asyncio.get_running_loop()
+    received: asyncio.Future[Any] = loop.create_future()
+
+    def stop(name: str) -> None:
+        if not received.done():
+            received.set_result(name)
+
+    for signum in STOP_SIGNALS:
+        loop.add_signal_handler(signum, stop, signal.Signals(signum).name)
+    task: asyncio.Future[Any] = asyncio.ensure_future(work)
+    try:
+        await asyncio.wait({task, received}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        for signum in STOP_SIGNALS:
+            loop.remove_signal_handler(signum)
+    failure = task.exception() if not task.cancelled() else None
+    if failure is not None:
+        raise failure
+    return received.result() if received.done() else "its end"
 
 
 async def catch_up_totals(metrics: BillingMetrics) -> None:
@@ -222,8 +274,13 @@ def _interrupt(signum, frame):
 
 def main(settings: BillingSettings, config) -> None:
     _die_with_the_hub()
-    signal.signal(signal.SIGTERM, _interrupt)
+    # Both signals stop the service whatever it inherited: a hub started in the background
+    # by a script (`make serve &`) passes SIGINT on ignored, and the hub would then wait
+    # 30 s (its interrupt timeout) before it sends SIGTERM. Until the event loop runs, a
+    # signal interrupts the start-up; after, `until_stopped` stops the meter in order.
+    for signum in STOP_SIGNALS:
+        signal.signal(signum, _interrupt)
     try:
         asyncio.run(run(settings, config))
-    except KeyboardInterrupt:  # the hub stops its services with SIGINT
-        log.info("Billing service stopped")
+    except KeyboardInterrupt:
+        log.info("Billing service stopped while starting")

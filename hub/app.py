@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime
+import json
 import os
 import secrets
 import shutil
@@ -17,6 +18,7 @@ from jupyterhub import orm
 from jupyterhub.app import JupyterHub
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import selectinload
+from tornado.httpclient import AsyncHTTPClient, HTTPClientError
 from tornado.ioloop import PeriodicCallback
 from traitlets import Int
 from traitlets.config import Config
@@ -24,6 +26,7 @@ from traitlets.config import Config
 from meterhub.billing_hooks.hooks import register_trial_credit
 from meterhub.billing_hooks.scopes import BILLING_SERVICE, billing_admin_role, user_role
 from meterhub.billing_hooks.settings import BillingSettings
+from meterhub.i18n import _
 from meterhub.spawner import disk_archive
 from meterhub.spawner.local import LocalGPUSpawner, announce_resource_limits, stop_orphans
 from meterhub.spawner.sandbox import bwrap_works
@@ -52,6 +55,8 @@ from .stop_cli import (
 )
 
 ADMIN_SERVICE = "meterhub-admin"
+#: the longest the sign-in line waits for the billing service's first meter pass, seconds
+SIGN_IN_WAIT_SECONDS = 30
 
 
 class MeterHub(JupyterHub):
@@ -88,6 +93,20 @@ class MeterHub(JupyterHub):
         """,
     ).tag(config=True)
 
+    service_interrupt_timeout_seconds = Int(
+        5,
+        min=1,
+        help="""
+        When the hub shuts down, how long it waits for a managed service (the billing
+        service) to exit after SIGINT before it sends SIGTERM (and SIGKILL 30 s after that).
+        The billing service stops at once on either; this bounds a stop that hangs. Seconds
+        (JupyterHub's own default is 30).
+        """,
+    ).tag(config=True)
+
+    #: what `meterhub serve` prints, last, once the hub is healthy (`announce_sign_in`)
+    sign_in_message = ""
+
     def load_config_file(self, *args, **kwargs):
         """The site config is the only source of configuration; ignore jupyterhub_config.py."""
 
@@ -119,6 +138,19 @@ class MeterHub(JupyterHub):
         self._group_sync.start()
         self.start_disk_archiving()
         await self.sync_groups()
+        self._sign_in = asyncio.ensure_future(self.announce_sign_in())
+
+    async def announce_sign_in(self) -> None:
+        """Print `sign_in_message` as the console's last start-up line: after the hub is
+        healthy (`start` has returned) and the billing service has made its first meter
+        pass (at most SIGN_IN_WAIT_SECONDS), whose log lines would otherwise bury it."""
+        if not self.sign_in_message:
+            return
+        service = self._service_map.get(BILLING_SERVICE)
+        if service is not None and service.managed and service.url:
+            health = f"{service.url.rstrip('/')}{service.prefix}api/v1/health"
+            await first_meter_pass(health, SIGN_IN_WAIT_SECONDS)
+        print(f"\n{self.sign_in_message}", file=sys.stderr, flush=True)
 
     def write_pid_file(self):
         """The pid file `meterhub stop` finds the hub by: private, written atomically."""
@@ -132,6 +164,16 @@ class MeterHub(JupyterHub):
         (billing's `settle_stop`, which closes the session at the stop) included, before
         the hub exits.
         """
+        # nothing periodic runs into the shutdown: JupyterHub's service check would read the
+        # billing service's server after `Service.stop` removed it (an AttributeError)
+        for callback in [*self._periodic_callbacks.values(), *self._own_periodic_callbacks()]:
+            callback.stop()
+        sign_in = getattr(self, "_sign_in", None)
+        if sign_in is not None:
+            sign_in.cancel()
+        for service in self._service_map.values():
+            if service.managed and service.spawner is not None:
+                service.spawner.interrupt_timeout = self.service_interrupt_timeout_seconds
         data_dir = os.path.dirname(self.pid_file) if self.pid_file else ""
         if data_dir and server_stop_requested(data_dir, os.getpid()):
             self.log.info("meterhub stop --servers: stopping users' servers before exiting")
@@ -141,6 +183,10 @@ class MeterHub(JupyterHub):
         finally:
             if data_dir:
                 remove_if_names(stop_servers_path(data_dir), os.getpid())
+
+    def _own_periodic_callbacks(self) -> list[PeriodicCallback]:
+        names = ("_group_sync", "_disk_archiving")
+        return [cb for cb in (getattr(self, name, None) for name in names) if cb is not None]
 
     async def sync_groups(self) -> None:
         """Apply the CLI's group changes and the admins' roles in the hub's own session."""
@@ -269,6 +315,25 @@ class MeterHub(JupyterHub):
         released = await asyncio.to_thread(local.allocator.reconcile, active | survivors)
         for owner, indices in released.items():
             self.log.warning("Released GPUs %s held by %s, which is not running", indices, owner)
+
+
+async def first_meter_pass(health_url: str, timeout_seconds: float) -> bool:
+    """Wait until the billing service's health check reports a completed meter pass;
+    False when `timeout_seconds` passed first (the line is printed anyway)."""
+    client = AsyncHTTPClient()
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_seconds
+    wait = 0.1
+    while loop.time() < deadline:
+        try:
+            response = await client.fetch(health_url, request_timeout=5, raise_error=False)
+            if response.code == 200 and json.loads(response.body)["meter"]["last_pass_at"]:
+                return True
+        except (HTTPClientError, OSError, ValueError, KeyError, TypeError):
+            pass  # not up yet, or an app without a meter: try again until the deadline
+        await asyncio.sleep(wait)
+        wait = min(1.0, wait * 2)
+    return False
 
 
 def _secret_file(path: str, nbytes: int = 32) -> tuple[str, bool]:
@@ -458,6 +523,54 @@ def check_ledger(c: Config) -> None:
         )
 
 
+def sign_in_line(url: str, admin: str, password_file: str, password: str | None = None) -> str:
+    """How the first admin signs in: with the password when it was just made (shown once),
+    else where it is kept."""
+    if password:
+        text = _(
+            "sign in at %(url)s as %(admin)s with password %(password)s (kept in %(file)s)",
+            url=url,
+            admin=repr(admin),
+            password=password,
+            file=password_file,
+        )
+    else:
+        text = _(
+            "sign in at %(url)s as %(admin)s with the password in %(file)s",
+            url=url,
+            admin=repr(admin),
+            file=password_file,
+        )
+    return f"meterhub: {text}"
+
+
+def shown_path(path: str) -> str:
+    """`path` relative to the working directory when it lies below it (shorter to read:
+    `meterhub-data/admin-password`), else absolute."""
+    relative = os.path.relpath(path)
+    return path if relative.startswith(os.pardir) else relative
+
+
+README = "README"
+
+
+def write_data_dir_readme(data_dir: str, sign_in: str) -> None:
+    """The data directory's README: what the folder is, and how to sign in (no secret)."""
+    text = "\n".join(
+        (
+            _("meterhub keeps its databases, the users' disks and its secrets here."),
+            _("Keep a backup; see docs/operations.md."),
+            sign_in,
+            "",
+        )
+    )
+    path = os.path.join(data_dir, README)
+    fd = os.open(path + ".tmp", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    os.replace(path + ".tmp", path)
+
+
 def serve(site: dict, ip: str, port: int, config_path: str | None = None) -> None:
     """Run the hub in the foreground for a completed site config (see `load_site_config`)."""
     running, _ = find_hub(site["data_dir"])
@@ -474,25 +587,19 @@ def serve(site: dict, ip: str, port: int, config_path: str | None = None) -> Non
     apply_config_d(config_path, c)
     scheme = "https" if c.JupyterHub.get("ssl_cert") else "http"
     url = f"{scheme}://{ip}:{port}/hub/login"
-    if facts["password"]:
-        print(
-            f"meterhub: sign in at {url} as {facts['admin']!r} with password"
-            f" {facts['password']} (kept in {facts['password_file']})",
-            file=sys.stderr,
-        )
-    else:
-        print(
-            f"meterhub: sign in at {url} as {facts['admin']!r};"
-            f" the password is in {facts['password_file']}",
-            file=sys.stderr,
-        )
+    password_file = shown_path(facts["password_file"])
+    # the same line, without the password, beside the password for whoever lost the console
+    write_data_dir_readme(site["data_dir"], sign_in_line(url, facts["admin"], password_file))
+    message = sign_in_line(url, facts["admin"], password_file, facts["password"])
     if facts["warning"]:
-        print(f"meterhub: WARNING: {facts['warning']}", file=sys.stderr)
+        warning = _("WARNING: %(warning)s", warning=facts["warning"])
+        message = f"meterhub: {warning}\n{message}"
     # after the operator's config: `meterhub stop` finds the hub by this file
     pid_file = c.JupyterHub.pid_file = pid_file_path(site["data_dir"])
     # a request left by a `meterhub stop --servers` for an earlier hub is not for this one
     clear_server_stop(site["data_dir"])
-    MeterHub.instance(config=c)
+    hub = MeterHub.instance(config=c)
+    hub.sign_in_message = message  # printed once the hub is healthy (announce_sign_in)
     try:
         MeterHub.launch_instance([])
     finally:
