@@ -19,10 +19,17 @@ SERVER_CONFIG := $(VENV)/etc/jupyter/jupyter_server_config.d/meterhub.json
 
 .PHONY: serve test test-fast lint system-deps-serve system-deps-test clean
 
-serve: system-deps-serve $(VENV)/.lab-installed $(CHP) $(LAB) $(SERVER_CONFIG)
+# the Python packages ($(INSTALLED): the servers', or the tests' too) and the npm packages
+# install side by side, the JupyterLab extension is built once both are there
+INSTALLED ?= $(VENV)/.lab-installed
+SETUP = $(MAKE) --no-print-directory -j4 INSTALLED=$(1) $(1) $(CHP) $(LAB) $(SERVER_CONFIG)
+
+serve: system-deps-serve
+	@$(call SETUP,$(VENV)/.lab-installed)
 	@$(VENV)/bin/meterhub serve $(ARGS)
 
-test: system-deps-test $(VENV)/.test-installed $(CHP) $(LAB) $(SERVER_CONFIG)
+test: system-deps-test
+	@$(call SETUP,$(VENV)/.test-installed)
 	$(VENV)/bin/ruff check .
 	cd $(LAB_SRC) && npm run --silent lint && npm test --silent
 	# four workers on two cores: most of a hub test is waiting for its processes and its
@@ -44,22 +51,24 @@ system-deps-serve:
 system-deps-test:
 	@PYTHON=$(PYTHON) scripts/system-deps test
 
+# without pip: a second, not eight; scripts/install-python gives it the same pip
 $(PY):
-	@$(QUIETLY) $(LOGS)/venv.log "a virtual environment in $(VENV)" $(PYTHON) -m venv $(VENV)
+	@$(QUIETLY) $(LOGS)/venv.log "a virtual environment in $(VENV)" $(PYTHON) -m venv --without-pip $(VENV)
 
 $(VENV)/.lab-installed: pyproject.toml | $(PY)
 	@$(QUIETLY) $(LOGS)/python.log "meterhub and the servers' packages into $(VENV) (uv, else pip)" \
-		scripts/install-python $(VENV) $(UV_VERSION) -e '.[lab]'
+		$(PYTHON) scripts/install-python $(VENV) $(UV_VERSION) -e '.[lab]'
 	@touch $@
 
 $(VENV)/.test-installed: pyproject.toml | $(PY)
 	@$(QUIETLY) $(LOGS)/python.log "meterhub, the servers' and the tests' packages into $(VENV) (uv, else pip)" \
-		scripts/install-python $(VENV) $(UV_VERSION) -e '.[lab,test]'
+		$(PYTHON) scripts/install-python $(VENV) $(UV_VERSION) -e '.[lab,test]'
 	@touch $(VENV)/.lab-installed $@
 
 # the JupyterLab extension (status bar credit, warnings), prebuilt with JupyterLab's builder
-# and linked where the servers' JupyterLab finds prebuilt extensions
-$(LAB): $(wildcard $(LAB_SRC)/src/*.ts $(LAB_SRC)/style/*) $(LAB_SRC)/tsconfig.json $(LAB_NODE) | $(PY)
+# (jupyter-builder, from the Python packages) and linked where the servers' JupyterLab finds
+# prebuilt extensions
+$(LAB): $(wildcard $(LAB_SRC)/src/*.ts $(LAB_SRC)/style/*) $(LAB_SRC)/tsconfig.json $(LAB_NODE) | $(INSTALLED)
 	@$(QUIETLY) $(LOGS)/lab-build.log "building the JupyterLab extension" \
 		sh -c 'cd $(LAB_SRC) && PATH="$(abspath $(VENV))/bin:$$PATH" npm run --silent build'
 	@mkdir -p $(VENV)/share/jupyter/labextensions/@meterhub
