@@ -8,6 +8,8 @@ from __future__ import annotations
 import datetime
 from collections.abc import Sequence
 
+from meterhub.i18n import _
+
 from . import labwindows
 from .actions import ActionError, limit_amount
 from .courses import RosterChange, RosterLine
@@ -27,18 +29,32 @@ def course_choices(catalog, choices: Sequence[object]) -> list[str]:
     checked = []
     for choice in choices:
         if not isinstance(choice, str) or len(choice) > 40:
-            raise ActionError(400, "profiles: each is PROFILE or PROFILE:GPUS")
-        slug, _, count = choice.strip().lower().partition(":")
+            raise ActionError(400, _("profiles: each is PROFILE or PROFILE:GPUS"))
+        slug, _sep, count = choice.strip().lower().partition(":")
         if slug not in profiles:
             raise ActionError(
                 400,
-                f"profiles: no profile {slug[:32]!r} in the catalog: one of {', '.join(profiles)}",
+                _(
+                    "profiles: no profile %(profile)s in the catalog: one of %(profiles)s",
+                    profile=repr(slug[:32]),
+                    profiles=", ".join(profiles),
+                ),
             )
         if count and profiles[slug].is_debug:
-            raise ActionError(400, f"profiles: {slug} has no GPUs: write it without a count")
+            raise ActionError(
+                400, _("profiles: %(profile)s has no GPUs: write it without a count", profile=slug)
+            )
         if count and (not count.isdigit() or int(count) not in profiles[slug].counts):
             counts = ", ".join(str(n) for n in profiles[slug].counts)
-            raise ActionError(400, f"profiles: {slug} starts with {counts} GPUs, not {count[:8]}")
+            raise ActionError(
+                400,
+                _(
+                    "profiles: %(profile)s starts with %(counts)s GPUs, not %(count)s",
+                    profile=slug,
+                    counts=counts,
+                    count=count[:8],
+                ),
+            )
         checked.append(f"{slug}:{int(count)}" if count else slug)
     return checked
 
@@ -49,7 +65,7 @@ def expiry(date_text: object, timezone: str) -> int:
         day = datetime.date.fromisoformat(str(date_text))
     except ValueError:
         raise ActionError(
-            400, "expires: a date, YYYY-MM-DD (the last day of the allowance)"
+            400, _("expires: a date, YYYY-MM-DD (the last day of the allowance)")
         ) from None
     try:
         tz = labwindows.zone(timezone)
@@ -61,7 +77,7 @@ def expiry(date_text: object, timezone: str) -> int:
 
 def _windows(spec: object) -> tuple[list[str], bool, str | None]:
     if not isinstance(spec, dict):
-        raise ActionError(400, "windows: an object with weekly, on, clear, timezone")
+        raise ActionError(400, _("windows: an object with weekly, on, clear, timezone"))
     try:
         lines = [labwindows.weekly(w) for w in _strings(spec.get("weekly", []), "weekly")]
         lines += [labwindows.once(w) for w in _strings(spec.get("on", []), "on")]
@@ -69,13 +85,13 @@ def _windows(spec: object) -> tuple[list[str], bool, str | None]:
         if timezone is not None:
             labwindows.zone(str(timezone))
     except labwindows.WindowError as e:
-        raise ActionError(400, f"windows: {e}") from None
+        raise ActionError(400, _("windows: %(error)s", error=str(e))) from None
     return lines, spec.get("clear") is True, None if timezone is None else str(timezone)
 
 
 def _strings(value: object, field: str) -> list[str]:
     if not isinstance(value, list) or not all(isinstance(v, str) for v in value) or len(value) > 50:
-        raise ActionError(400, f"windows.{field}: a list of at most 50 windows")
+        raise ActionError(400, _("windows.%(field)s: a list of at most 50 windows", field=field))
     return value
 
 
@@ -86,17 +102,19 @@ def change_course(ledger: Ledger, catalog, name: str, body: dict) -> CourseSetti
     and `debug_outside_windows`. All is checked first; nothing is written on a refusal."""
     course = ledger.course(name)
     if course is None:
-        raise ActionError(404, f"No course {name[:64]}")
+        raise ActionError(404, _("No course %(name)s", name=name[:64]))
     plans = []
     if "allowance" in body:
         allowance = body["allowance"]
         if not isinstance(allowance, dict):
-            raise ActionError(400, "allowance: an object with amount, per and expires")
+            raise ActionError(400, _("allowance: an object with amount, per and expires"))
         amount = allowance.get("amount")
         micros = None if amount is None else limit_amount(amount, "allowance.amount")
         per = allowance.get("per", "total")
         if per not in CAP_PERIODS:
-            raise ActionError(400, f"allowance.per: one of {', '.join(CAP_PERIODS)}")
+            raise ActionError(
+                400, _("allowance.per: one of %(periods)s", periods=", ".join(CAP_PERIODS))
+            )
         expires = allowance.get("expires")
         zone_name = course.timezone
         if isinstance(body.get("windows"), dict) and body["windows"].get("timezone"):
@@ -105,7 +123,7 @@ def change_course(ledger: Ledger, catalog, name: str, body: dict) -> CourseSetti
         plans.append(lambda: ledger.set_allowance(course.name, micros, per, ends))
     if "profiles" in body:
         if not isinstance(body["profiles"], list):
-            raise ActionError(400, 'profiles: a list such as ["debug", "rtx4090:1"]')
+            raise ActionError(400, _('profiles: a list such as ["debug", "rtx4090:1"]'))
         choices = course_choices(catalog, body["profiles"])
         plans.append(lambda: ledger.set_course_profiles(course.name, choices))
     if "windows" in body:
@@ -116,11 +134,11 @@ def change_course(ledger: Ledger, catalog, name: str, body: dict) -> CourseSetti
     if "debug_outside_windows" in body:
         debug = body["debug_outside_windows"]
         if not isinstance(debug, bool):
-            raise ActionError(400, "debug_outside_windows: true or false")
+            raise ActionError(400, _("debug_outside_windows: true or false"))
         plans.append(lambda: ledger.set_course_options(course.name, debug_outside_windows=debug))
     if not plans:
         raise ActionError(
-            400, "say what to change: allowance, profiles, windows, debug_outside_windows"
+            400, _("say what to change: allowance, profiles, windows, debug_outside_windows")
         )
     try:
         for plan in plans:
@@ -138,22 +156,28 @@ def roster_lines(rows: object, first: int = 1, where: str = "roster[{}]") -> lis
     """A roster as rows ([{"username", "name"?, "email"?, "role"?}], from JSON or a CSV),
     checked; an error names the row as `where` with its number (from `first`)."""
     if not isinstance(rows, list) or len(rows) > MAX_ROSTER:
-        raise ActionError(400, f"roster: a list of at most {MAX_ROSTER} people")
+        raise ActionError(400, _("roster: a list of at most %(n)s people", n=MAX_ROSTER))
     lines = []
     for number, row in enumerate(rows, start=first):
         at = where.format(number)
         if not isinstance(row, dict) or not isinstance(row.get("username"), str):
-            raise ActionError(400, f"{at}: an object with a username")
+            raise ActionError(400, _("%(at)s: an object with a username", at=at))
         if not row["username"].strip():
-            raise ActionError(400, f"{at}: no username")
+            raise ActionError(400, _("%(at)s: no username", at=at))
         role = (row.get("role") or "student").strip().lower() or "student"
         if role not in COURSE_ROLES:
             raise ActionError(
-                400, f"{at}: role {str(role)[:20]!r} is not one of {', '.join(COURSE_ROLES)}"
+                400,
+                _(
+                    "%(at)s: role %(role)s is not one of %(roles)s",
+                    at=at,
+                    role=repr(str(role)[:20]),
+                    roles=", ".join(COURSE_ROLES),
+                ),
             )
         full_name, email = row.get("name") or "", row.get("email") or ""
         if not isinstance(full_name, str) or not isinstance(email, str):
-            raise ActionError(400, f"{at}: name and email are text")
+            raise ActionError(400, _("%(at)s: name and email are text", at=at))
         lines.append(
             RosterLine(
                 row["username"].strip().lower(), role, full_name.strip()[:200], email.strip()[:200]

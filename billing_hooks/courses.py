@@ -26,6 +26,8 @@ from typing import TYPE_CHECKING
 from sqlalchemy import func, select
 from sqlalchemy.exc import IntegrityError
 
+from meterhub.i18n import _
+
 from . import labwindows
 from .orm import (
     AT_WINDOW_END,
@@ -88,9 +90,13 @@ def check_choices(choices: Iterable[str]) -> list[str]:
     for choice in choices:
         slug, sep, count = choice.strip().lower().partition(":")
         if not slug or len(slug) > 32 or not USER_NAME.match(slug):
-            raise LedgerError(f"{choice[:40]!r}: a choice is a profile, or PROFILE:GPUS")
+            raise LedgerError(
+                _("%(choice)s: a choice is a profile, or PROFILE:GPUS", choice=repr(choice[:40]))
+            )
         if sep and (not count.isdigit() or not 0 < int(count) <= 64):
-            raise LedgerError(f"{choice[:40]!r}: the GPU count is a whole number from 1")
+            raise LedgerError(
+                _("%(choice)s: the GPU count is a whole number from 1", choice=repr(choice[:40]))
+            )
         result.append(f"{slug}:{int(count)}" if sep else slug)
     return list(dict.fromkeys(result))
 
@@ -176,7 +182,9 @@ class Courses:
         now = self.clock()
         with self.begin() as db:
             if group_settings(db, name) is not None:
-                raise LedgerError(f"a group or course named {name!r} exists already")
+                raise LedgerError(
+                    _("a group or course named %(name)s exists already", name=repr(name))
+                )
             db.add(
                 GroupSettings(
                     name=name,
@@ -220,9 +228,9 @@ class Courses:
         Returns the course's name."""
         _check_user(user)
         if role is not None and role not in COURSE_ROLES:
-            raise LedgerError(f"role: one of {', '.join(COURSE_ROLES)}")
+            raise LedgerError(_("role: one of %(roles)s", roles=", ".join(COURSE_ROLES)))
         if any(len(part) > 255 for part in (issuer, deployment, context)):
-            raise LedgerError("an LTI issuer, deployment or context id is too long")
+            raise LedgerError(_("an LTI issuer, deployment or context id is too long"))
         key = json.dumps([issuer, deployment, context])
         for _attempt in range(2):
             with self.begin() as db:
@@ -238,7 +246,12 @@ class Courses:
             except (LedgerError, IntegrityError):
                 continue  # a concurrent first launch made it: find it by its key
         else:
-            raise LedgerError(f"cannot make a course for the LTI context {context[:64]!r}")
+            raise LedgerError(
+                _(
+                    "cannot make a course for the LTI context %(context)s",
+                    context=repr(context[:64]),
+                )
+            )
         with self.begin() as db:
             member = _member(db, name, user)
             if role is None:
@@ -263,7 +276,7 @@ class Courses:
     def _require_course(self, db: Session, name: str) -> CourseSettings:
         course = _course(db, fold(name))
         if course is None:
-            raise UnknownWallet(f"There is no course {name[:64]!r}")
+            raise UnknownWallet(_("There is no course %(name)s", name=repr(name[:64])))
         return course
 
     def import_roster(self, name: str, lines: Sequence[RosterLine], actor: str) -> RosterChange:
@@ -275,10 +288,15 @@ class Courses:
             _check_user(line.user)
             if line.role not in COURSE_ROLES:
                 raise LedgerError(
-                    f"{line.user}: role {line.role[:20]!r} is not one of {', '.join(COURSE_ROLES)}"
+                    _(
+                        "%(user)s: role %(role)s is not one of %(roles)s",
+                        user=line.user,
+                        role=repr(line.role[:20]),
+                        roles=", ".join(COURSE_ROLES),
+                    )
                 )
             if line.user in seen and seen[line.user] != line:
-                raise LedgerError(f"{line.user} is in the roster twice, differently")
+                raise LedgerError(_("%(user)s is in the roster twice, differently", user=line.user))
             seen[line.user] = line
         now = self.clock()
         added, removed, changed = [], [], []
@@ -389,9 +407,15 @@ class Courses:
         allowance less what they spent in its period, the excess of a lowered one returning
         to the course. None removes it (no one pays from the course)."""
         if period not in CAP_PERIODS:
-            raise LedgerError(f"--per: one of {', '.join(CAP_PERIODS)}, not {period!r}")
+            raise LedgerError(
+                _(
+                    "--per: one of %(periods)s, not %(period)s",
+                    periods=", ".join(CAP_PERIODS),
+                    period=repr(period),
+                )
+            )
         if amount_micros is not None and amount_micros <= 0:
-            raise LedgerError("an allowance is positive (`none` removes it)")
+            raise LedgerError(_("an allowance is positive (`none` removes it)"))
         with self.begin() as db:
             course = self._require_course(db, name)
             course.allowance_micros = amount_micros
@@ -426,7 +450,7 @@ class Courses:
         if gpus is not None and any(
             not isinstance(n, int) or n < 0 or not check_choices([t]) for t, n in gpus.items()
         ):
-            raise LedgerError("window GPUs: TYPE:COUNT with a whole count")
+            raise LedgerError(_("window GPUs: TYPE:COUNT with a whole count"))
         with self.begin() as db:
             course = self._require_course(db, name)
             lines = [] if clear else [w for w in course.windows.splitlines() if w]
@@ -464,7 +488,9 @@ class Courses:
         at_window_end: str | None = None,
     ) -> CourseSettings:
         if at_window_end is not None and at_window_end not in AT_WINDOW_END:
-            raise LedgerError(f"at window end: one of {', '.join(AT_WINDOW_END)}")
+            raise LedgerError(
+                _("at window end: one of %(choices)s", choices=", ".join(AT_WINDOW_END))
+            )
         with self.begin() as db:
             course = self._require_course(db, name)
             if debug_outside_windows is not None:
@@ -557,17 +583,25 @@ class Courses:
         when it cannot pay."""
         course = _course(db, name)
         if course is None:
-            raise UnknownWallet(f"There is no course {name[:64]!r}")
+            raise UnknownWallet(_("There is no course %(name)s", name=repr(name[:64])))
         if course.expires_at is not None and now >= course.expires_at:
             when = datetime.datetime.fromtimestamp(course.expires_at, datetime.UTC)
+            ended = when.strftime("%Y-%m-%d %H:%M")
             raise InsufficientCredit(
-                f"Your allowance from {course.name} ended on {when:%Y-%m-%d %H:%M} UTC."
-                " Pay from your own wallet."
+                _(
+                    "Your allowance from %(course)s ended on %(when)s UTC. Pay from your own"
+                    " wallet.",
+                    course=course.name,
+                    when=ended,
+                )
             )
         if course.allowance_micros is None:
             raise InsufficientCredit(
-                f"{course.name} has no allowance for its students yet. Ask your instructor,"
-                " or pay from your own wallet."
+                _(
+                    "%(course)s has no allowance for its students yet. Ask your instructor,"
+                    " or pay from your own wallet.",
+                    course=course.name,
+                )
             )
         _course_wallet, allowance = self._settle_allowance(db, course, user, now)
         return allowance
@@ -854,21 +888,35 @@ def course_refusal(course: CourseSettings, profile: str, gpus: int, now: int) ->
     """Why the course does not pay for this choice now ("" when it does): a profile it does
     not pay for, or a GPU (or, if the course says so, debug mode) outside its lab windows."""
     if not allows(course.profiles, profile, gpus):
-        return (
-            f"{course.name} pays for {', '.join(course.profiles.split())} only; pay from your"
-            f" own wallet to start {profile if not gpus else f'{gpus}x {profile}'}."
+        choice = profile if not gpus else f"{gpus}x {profile}"
+        return _(
+            "%(course)s pays for %(profiles)s only; pay from your own wallet to start %(choice)s.",
+            course=course.name,
+            profiles=", ".join(course.profiles.split()),
+            choice=choice,
         )
     lines = course.windows.splitlines()
     if not lines or (gpus == 0 and course.debug_outside_windows):
         return ""
     if labwindows.current(lines, course.timezone, now) is not None:
         return ""
-    when = lab_phrase(course, now)
-    what = "GPUs" if gpus else "servers"
-    return (
-        f"{course.name} pays for {what} during its lab hours only ({when})."
-        + (" Debug mode is open at any time." if course.debug_outside_windows else "")
-        + " Or pay from your own wallet."
+    values = {"course": course.name, "when": lab_phrase(course, now)}
+    if gpus and course.debug_outside_windows:
+        return _(
+            "%(course)s pays for GPUs during its lab hours only (%(when)s). Debug mode is open"
+            " at any time. Or pay from your own wallet.",
+            **values,
+        )
+    if gpus:
+        return _(
+            "%(course)s pays for GPUs during its lab hours only (%(when)s). Or pay from your"
+            " own wallet.",
+            **values,
+        )
+    return _(
+        "%(course)s pays for servers during its lab hours only (%(when)s). Or pay from your"
+        " own wallet.",
+        **values,
     )
 
 
@@ -876,21 +924,22 @@ def window_gpus(course: CourseSettings) -> dict[str, int]:
     """{gpu type: count} the course's windows reserve."""
     result = {}
     for item in (course.window_gpus or "").split():
-        gpu_type, _, count = item.partition(":")
+        gpu_type, _sep, count = item.partition(":")
         result[gpu_type] = int(count)
     return result
 
 
 def lab_phrase(course: CourseSettings, now: int) -> str:
-    """ "lab now, until 16:00 CST", "next lab: Tue 14:00 CST" or "no lab scheduled"."""
+    """ "lab now, until 16:00 CST", "next lab: Tue 14:00 CST" or "no lab scheduled" (in the
+    language of the moment)."""
     lines = course.windows.splitlines()
     current = labwindows.current(lines, course.timezone, now)
     if current is not None:
-        return f"lab now, until {labwindows.phrase(current[1], course.timezone, now)}"
+        return _("lab now, until %(end)s", end=labwindows.phrase(current[1], course.timezone, now))
     upcoming = labwindows.upcoming(lines, course.timezone, now)
     if upcoming is None:
-        return "no lab scheduled"
-    return f"next lab: {labwindows.phrase(upcoming[0], course.timezone, now)}"
+        return _("no lab scheduled")
+    return _("next lab: %(start)s", start=labwindows.phrase(upcoming[0], course.timezone, now))
 
 
 def _lti_name(db: Session, label: str, key: str, taken: Iterable[str] = ()) -> str:
@@ -904,7 +953,10 @@ def _lti_name(db: Session, label: str, key: str, taken: Iterable[str] = ()) -> s
     for name in (slug, f"{slug}-{digest}"):
         if group_settings(db, name) is None and name not in reserved:
             return check_group_name(name)
-    raise LedgerError(f"the course names {slug!r} and {slug}-{digest!r} are taken")
+    other = f"{slug}-{digest!r}"
+    raise LedgerError(
+        _("the course names %(name)s and %(other)s are taken", name=repr(slug), other=other)
+    )
 
 
 def _course(db: Session, name: str) -> CourseSettings | None:
@@ -921,4 +973,4 @@ def _member(db: Session, course: str, user: str) -> CourseMember | None:
 
 def _check_user(user: str) -> None:
     if not isinstance(user, str) or not USER_NAME.match(user):
-        raise LedgerError(f"invalid user name {str(user)[:64]!r}")
+        raise LedgerError(_("invalid user name %(name)s", name=repr(str(user)[:64])))

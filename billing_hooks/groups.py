@@ -14,6 +14,8 @@ from typing import TYPE_CHECKING
 
 from sqlalchemy import delete, func, select, update
 
+from meterhub.i18n import N_, _
+
 from .money import SECONDS_PER_HOUR
 from .orm import (
     CAP_PERIODS,
@@ -41,6 +43,8 @@ RUNWAY_DAYS = 7
 #: pending hub changes applied in one go
 HUB_CHANGES_BATCH = 200
 MONTH = re.compile(r"^([0-9]{4})-([0-9]{2})\Z")
+#: a cap's period as a person reads it ("¥50.00 / month")
+CAP_PERIOD_NAMES = {"week": N_("week"), "month": N_("month"), "total": N_("total")}
 
 
 def month_bounds(text: str) -> tuple[int, int]:
@@ -48,7 +52,7 @@ def month_bounds(text: str) -> tuple[int, int]:
     ValueError when it is not one."""
     match = MONTH.match(text)
     if match is None or not 1 <= int(match[2]) <= 12 or not 1970 <= int(match[1]) <= 9998:
-        raise ValueError("month: YYYY-MM, e.g. 2026-03")
+        raise ValueError(_("month: YYYY-MM, e.g. 2026-03"))
     year, month = int(match[1]), int(match[2])
     start = datetime(year, month, 1, tzinfo=UTC)
     end = datetime(year + month // 12, month % 12 + 1, 1, tzinfo=UTC)
@@ -125,7 +129,9 @@ class CapState:
 def check_group_name(name: str) -> str:
     folded = fold(name)
     if not GROUP_NAME.match(folded):
-        raise LedgerError(f"invalid group name {name[:64]!r}: {GROUP_RULE}")
+        raise LedgerError(
+            _("invalid group name %(name)s: %(rule)s", name=repr(name[:64]), rule=_(GROUP_RULE))
+        )
     return folded
 
 
@@ -154,7 +160,7 @@ class Groups:
         now = self.clock()
         with self.begin() as db:
             if group_settings(db, name) is not None:
-                raise LedgerError(f"the group {name!r} exists already")
+                raise LedgerError(_("the group %(name)s exists already", name=repr(name)))
             settings = GroupSettings(
                 name=name,
                 kind="group",
@@ -190,7 +196,7 @@ class Groups:
     def _require(self, db: Session, name: str, kinds: Sequence[str] = ("group",)) -> GroupSettings:
         settings = group_settings(db, fold(name))
         if settings is None or settings.kind not in kinds:
-            raise UnknownWallet(f"There is no group {name[:64]!r} with a wallet")
+            raise UnknownWallet(_("There is no group %(name)s with a wallet", name=repr(name[:64])))
         return settings
 
     def set_group_admins(self, name: str, users: Sequence[str]) -> list[str]:
@@ -278,9 +284,15 @@ class Groups:
     ) -> MemberCap | None:
         """Set (or with None remove) what `user` may spend from the group per `period`."""
         if period not in CAP_PERIODS:
-            raise LedgerError(f"a cap period is one of {', '.join(CAP_PERIODS)}, not {period!r}")
+            raise LedgerError(
+                _(
+                    "a cap period is one of %(periods)s, not %(period)s",
+                    periods=", ".join(CAP_PERIODS),
+                    period=repr(period),
+                )
+            )
         if amount_micros is not None and amount_micros < 0:
-            raise LedgerError("a cap cannot be negative")
+            raise LedgerError(_("a cap cannot be negative"))
         with self.begin() as db:
             settings = self._require(db, name)
             wallet_id = _wallet_id(db, settings.name)
@@ -617,11 +629,16 @@ def _session_costs(db: Session, ids: list[int]) -> dict[int, int]:
 
 def runway_phrase(seconds: int | None) -> str:
     """ "≈ 12 days left", "≈ 5 h left", "more than a year left", or "" when nothing is
-    being spent."""
+    being spent (in the language of the moment)."""
     if seconds is None:
         return ""
     if seconds >= 365 * DAY:
-        return "more than a year left"
+        return _("more than a year left")
     if seconds >= 2 * DAY:
-        return f"≈ {seconds // DAY} days left"
-    return f"≈ {max(1, seconds // SECONDS_PER_HOUR)} h left"
+        return _("≈ %(days)s days left", days=seconds // DAY)
+    return _("≈ %(hours)s h left", hours=max(1, seconds // SECONDS_PER_HOUR))
+
+
+def cap_period_name(period: str) -> str:
+    """ "week", "month", "total": a cap's period as a person reads it."""
+    return _(CAP_PERIOD_NAMES[period]) if period in CAP_PERIOD_NAMES else period

@@ -18,7 +18,11 @@ import re
 from collections.abc import Iterable, Iterator
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
+from meterhub.i18n import N_, _
+
 DAYS = ("Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun")
+#: the days as a person reads them (DAYS are what an instructor writes)
+DAY_NAMES = (N_("Mon"), N_("Tue"), N_("Wed"), N_("Thu"), N_("Fri"), N_("Sat"), N_("Sun"))
 _TIME = r"([0-9]{1,2}):([0-9]{2})"
 WEEKLY = re.compile(rf"^([A-Za-z]{{3}})[a-z]*\s+{_TIME}\s*-\s*{_TIME}\Z")
 ONCE = re.compile(rf"^([0-9]{{4}})-([0-9]{{2}})-([0-9]{{2}})T{_TIME}/{_TIME}\Z")
@@ -37,14 +41,24 @@ def zone(name: str) -> ZoneInfo:
         return ZoneInfo(name)
     except (ZoneInfoNotFoundError, ValueError):
         raise WindowError(
-            f"unknown time zone {name[:64]!r}: an IANA name such as Asia/Shanghai or UTC"
+            _(
+                "unknown time zone %(zone)s: an IANA name such as Asia/Shanghai or UTC",
+                zone=repr(name[:64]),
+            )
         ) from None
 
 
 def _minutes(hours: str, minutes: str, text: str) -> int:
     h, m = int(hours), int(minutes)
     if m > 59 or h > 24 or (h == 24 and m):
-        raise WindowError(f"{text!r}: {hours}:{minutes} is not a time of day")
+        time = f"{hours}:{minutes}"
+        raise WindowError(
+            _(
+                "%(text)s: %(time)s is not a time of day",
+                text=repr(text),
+                time=time,
+            )
+        )
     return h * 60 + m
 
 
@@ -52,7 +66,9 @@ def _span(match: re.Match, first: int, text: str) -> tuple[int, int]:
     start = _minutes(match[first], match[first + 1], text)
     end = _minutes(match[first + 2], match[first + 3], text)
     if end <= start:
-        raise WindowError(f"{text!r}: a window ends after it starts, on the same day")
+        raise WindowError(
+            _("%(text)s: a window ends after it starts, on the same day", text=repr(text))
+        )
     return start, end
 
 
@@ -61,10 +77,14 @@ def weekly(text: str) -> str:
     text = text.strip()
     match = WEEKLY.match(text)
     if match is None:
-        raise WindowError(f"{text[:40]!r}: a weekly window is like 'Tue 14:00-16:00'")
+        raise WindowError(
+            _("%(text)s: a weekly window is like 'Tue 14:00-16:00'", text=repr(text[:40]))
+        )
     day = match[1].capitalize()
     if day not in DAYS:
-        raise WindowError(f"{text[:40]!r}: the day is one of {', '.join(DAYS)}")
+        raise WindowError(
+            _("%(text)s: the day is one of %(days)s", text=repr(text[:40]), days=", ".join(DAYS))
+        )
     start, end = _span(match, 2, text)
     return f"weekly {day} {_hm(start)}-{_hm(end)}"
 
@@ -74,11 +94,19 @@ def once(text: str) -> str:
     text = text.strip()
     match = ONCE.match(text)
     if match is None:
-        raise WindowError(f"{text[:40]!r}: a one-off window is like '2027-01-12T14:00/16:00'")
+        raise WindowError(
+            _(
+                "%(text)s: a one-off window is like '2027-01-12T14:00/16:00'",
+                text=repr(text[:40]),
+            )
+        )
     try:
         datetime.date(int(match[1]), int(match[2]), int(match[3]))
     except ValueError:
-        raise WindowError(f"{text[:40]!r}: {match[1]}-{match[2]}-{match[3]} is no date") from None
+        date = f"{match[1]}-{match[2]}-{match[3]}"
+        raise WindowError(
+            _("%(text)s: %(date)s is no date", text=repr(text[:40]), date=date)
+        ) from None
     start, end = _span(match, 4, text)
     return f"on {match[1]}-{match[2]}-{match[3]}T{_hm(start)}/{_hm(end)}"
 
@@ -104,7 +132,7 @@ def occurrences(
     tz = zone(tz_name)
     first = datetime.datetime.fromtimestamp(since, tz).date() - datetime.timedelta(days=1)
     for line in lines:
-        kind, _, spec = line.partition(" ")
+        kind, _sep, spec = line.partition(" ")
         if kind == "weekly":
             day_name, span = spec.split(" ")
             start_text, end_text = span.split("-")
@@ -143,10 +171,15 @@ def upcoming(lines: Iterable[str], tz_name: str, now: int) -> tuple[int, int] | 
 
 
 def phrase(at: int, tz_name: str, now: int) -> str:
-    """``Tue 14:00 CST`` within the coming week, else ``Tue 2027-01-12 14:00 CST``."""
+    """``Tue 14:00 CST`` within the coming week, else ``Tue 2027-01-12 14:00 CST`` (周二
+    14:00 CST, 2027-01-12 周二 14:00 CST), in the language of the moment."""
     tz = zone(tz_name)
     local = datetime.datetime.fromtimestamp(at, tz)
-    day = DAYS[local.weekday()]
+    values = {
+        "day": _(DAY_NAMES[local.weekday()]),
+        "time": f"{local:%H:%M}",
+        "zone": local.tzname(),
+    }
     if at - now < 6 * 86_400:
-        return f"{day} {local:%H:%M} {local.tzname()}"
-    return f"{day} {local:%Y-%m-%d %H:%M} {local.tzname()}"
+        return _("%(day)s %(time)s %(zone)s", **values)
+    return _("%(day)s %(date)s %(time)s %(zone)s", date=local.strftime("%Y-%m-%d"), **values)

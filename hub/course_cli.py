@@ -16,19 +16,27 @@ from meterhub.billing_hooks.courses import RosterLine, lab_phrase
 from meterhub.billing_hooks.ledger import LedgerError
 from meterhub.billing_hooks.money import format_money
 from meterhub.billing_hooks.orm import AT_WINDOW_END, CAP_PERIODS
-from meterhub.billing_hooks.wallets import period_phrase
+from meterhub.i18n import N_, _
 
 from .billing_cli import CliError, cli_actor, load_settings
 from .group_cli import _applied, hub_group_properties
 
 #: a roster file's size
 MAX_ROSTER_BYTES = 2 * 1024 * 1024
+#: what happens at a lab window's end, as a person reads it
+AT_WINDOW_END_NAMES = {"stop": N_("stop"), "debug": N_("debug")}
 
 
 def _course(ledger, name: str):
     course = ledger.course(name)
     if course is None:
-        raise CliError(f"no course {name!r}: create it with `meterhub course create {name}`")
+        raise CliError(
+            _(
+                "no course %(name)s: create it with `meterhub course create %(plain)s`",
+                name=repr(name),
+                plain=name,
+            )
+        )
     return course
 
 
@@ -45,8 +53,11 @@ def course_create(args) -> int:
     existing = hub_group_properties(c, args.name.lower())
     if existing is not None and not existing.get("course"):
         raise CliError(
-            f"the hub has a group named {args.name.lower()!r} already: a course of that name"
-            " would replace its members with the roster; choose another name"
+            _(
+                "the hub has a group named %(name)s already: a course of that name would"
+                " replace its members with the roster; choose another name",
+                name=repr(args.name.lower()),
+            )
         )
     made = _ledger_call(
         ledger.create_course,
@@ -56,11 +67,17 @@ def course_create(args) -> int:
         args.ta or (),
         args.tz,
     )
-    staff = [f"{u} (instructor)" for u in args.instructor or ()]
-    staff += [f"{u} (TA)" for u in args.ta or ()]
+    staff = [_("%(user)s (instructor)", user=u) for u in args.instructor or ()]
+    staff += [_("%(user)s (TA)", user=u) for u in args.ta or ()]
     print(
-        f"created course {made.name} (wallet course:{made.name}; time zone {made.timezone};"
-        f" staff: {', '.join(staff) or 'none'}); {_applied(c)}"
+        _(
+            "created course %(name)s (wallet course:%(name)s; time zone %(zone)s; staff:"
+            " %(staff)s); %(applied)s",
+            name=made.name,
+            zone=made.timezone,
+            staff=", ".join(staff) or _("none"),
+            applied=_applied(c),
+        )
     )
     return 0
 
@@ -72,15 +89,16 @@ def read_roster(text: str) -> list[RosterLine]:
     reader = csv.DictReader(io.StringIO(text))
     fields = [f.strip().lower() for f in reader.fieldnames or ()]
     if "username" not in fields:
-        raise CliError("the roster's first line names its columns: username[,name,email,role]")
+        raise CliError(_("the roster's first line names its columns: username[,name,email,role]"))
     reader.fieldnames = fields
     rows = []
     for number, row in enumerate(reader, start=2):
         if None in row:
-            raise CliError(f"line {number}: more fields than the header names")
+            raise CliError(_("line %(number)s: more fields than the header names", number=number))
         rows.append(row)
     try:
-        return course_actions.roster_lines(rows, first=2, where="line {}")
+        # the row's number goes where {} is
+        return course_actions.roster_lines(rows, first=2, where=_("line %(number)s", number="{}"))
     except actions.ActionError as e:
         raise CliError(e.message) from None
 
@@ -93,22 +111,40 @@ def course_roster(args) -> int:
         with open(args.file, "rb") as f:
             raw = f.read(MAX_ROSTER_BYTES + 1)
     except OSError as e:
-        raise CliError(f"cannot read {args.file}: {e.strerror}") from None
+        raise CliError(
+            _("cannot read %(file)s: %(error)s", file=args.file, error=e.strerror)
+        ) from None
     if len(raw) > MAX_ROSTER_BYTES:
-        raise CliError(f"{args.file} is over {MAX_ROSTER_BYTES // 1024 // 1024} MiB")
+        raise CliError(
+            _("%(file)s is over %(n)s MiB", file=args.file, n=MAX_ROSTER_BYTES // 1024 // 1024)
+        )
     try:
         text = raw.decode("utf-8-sig")
     except UnicodeDecodeError:
-        raise CliError(f"{args.file} is not UTF-8 text") from None
+        raise CliError(_("%(file)s is not UTF-8 text", file=args.file)) from None
     change = _ledger_call(ledger.import_roster, course.name, read_roster(text), cli_actor())
     print(
-        f"{course.name}: {len(change.added)} added, {len(change.removed)} removed,"
-        f" {len(change.changed)} changed, {change.unchanged} unchanged"
+        _(
+            "%(course)s: %(added)s added, %(removed)s removed, %(changed)s changed,"
+            " %(unchanged)s unchanged",
+            course=course.name,
+            added=len(change.added),
+            removed=len(change.removed),
+            changed=len(change.changed),
+            unchanged=change.unchanged,
+        )
     )
-    for label, users in (("added", change.added), ("removed", change.removed)):
-        if users:
-            print(f"  {label}: {', '.join(users)}")
-    print(f"students join the hub group {course.name} when they have an account; {_applied(c)}")
+    if change.added:
+        print("  " + _("added: %(users)s", users=", ".join(change.added)))
+    if change.removed:
+        print("  " + _("removed: %(users)s", users=", ".join(change.removed)))
+    print(
+        _(
+            "students join the hub group %(course)s when they have an account; %(applied)s",
+            course=course.name,
+            applied=_applied(c),
+        )
+    )
     return 0
 
 
@@ -128,19 +164,62 @@ def course_allowance(args) -> int:
             expires = course_actions.expiry(args.expires, course.timezone)
         except actions.ActionError:
             raise CliError(
-                "--expires: a date, YYYY-MM-DD (the last day of the allowance)"
+                _("--expires: a date, YYYY-MM-DD (the last day of the allowance)")
             ) from None
     _ledger_call(ledger.set_allowance, course.name, micros, args.per, expires)
     if micros is None:
-        print(f"{course.name}: no allowance; students cannot pay from the course")
+        print(
+            _("%(course)s: no allowance; students cannot pay from the course", course=course.name)
+        )
         return 0
-    period = "" if args.per == "total" else f" {period_phrase(args.per).replace('this ', 'each ')}"
-    until = f", until the end of {args.expires} ({course.timezone})" if args.expires else ""
     print(
-        f"{course.name}: each student may spend {format_money(micros, ledger.currency, symbol=False)}"
-        f"{period}{until}, carved from the course wallet"
+        allowance_set(
+            course.name,
+            format_money(micros, ledger.currency, symbol=False),
+            args.per,
+            args.expires,
+            course.timezone,
+        )
     )
     return 0
+
+
+def allowance_set(course: str, amount: str, per: str, last_day: str | None, zone: str) -> str:
+    """What `course allowance` says it did, one whole sentence per period."""
+    values = {"course": course, "amount": amount, "day": last_day, "zone": zone}
+    if last_day:
+        if per == "week":
+            return _(
+                "%(course)s: each student may spend %(amount)s for each week, until the end of"
+                " %(day)s (%(zone)s), carved from the course wallet",
+                **values,
+            )
+        if per == "month":
+            return _(
+                "%(course)s: each student may spend %(amount)s for each month, until the end of"
+                " %(day)s (%(zone)s), carved from the course wallet",
+                **values,
+            )
+        return _(
+            "%(course)s: each student may spend %(amount)s, until the end of %(day)s"
+            " (%(zone)s), carved from the course wallet",
+            **values,
+        )
+    if per == "week":
+        return _(
+            "%(course)s: each student may spend %(amount)s for each week, carved from the"
+            " course wallet",
+            **values,
+        )
+    if per == "month":
+        return _(
+            "%(course)s: each student may spend %(amount)s for each month, carved from the"
+            " course wallet",
+            **values,
+        )
+    return _(
+        "%(course)s: each student may spend %(amount)s, carved from the course wallet", **values
+    )
 
 
 def course_profiles(args) -> int:
@@ -154,7 +233,13 @@ def course_profiles(args) -> int:
     except actions.ActionError as e:
         raise CliError(e.message) from None
     updated = _ledger_call(ledger.set_course_profiles, course.name, choices)
-    print(f"{course.name} pays for: {', '.join(updated.profiles.split()) or 'any profile'}")
+    print(
+        _(
+            "%(course)s pays for: %(profiles)s",
+            course=course.name,
+            profiles=", ".join(updated.profiles.split()) or _("any profile"),
+        )
+    )
     return 0
 
 
@@ -170,16 +255,27 @@ def window_gpus_arg(c, items: list[str]) -> dict[str, int]:
     capacity = pass_capacity(c)
     result: dict[str, int] = {}
     for item in items:
-        gpu_type, _, count = item.lower().partition(":")
+        gpu_type, _sep, count = item.lower().partition(":")
         if gpu_type not in types:
-            raise CliError(f"--gpus: no GPU type {gpu_type[:32]!r}: one of {', '.join(types)}")
+            raise CliError(
+                _(
+                    "--gpus: no GPU type %(type)s: one of %(types)s",
+                    type=repr(gpu_type[:32]),
+                    types=", ".join(types),
+                )
+            )
         if not count.isdigit() or int(count) < 1:
-            raise CliError(f"--gpus {item[:40]}: TYPE:COUNT, e.g. rtx4090:2")
+            raise CliError(_("--gpus %(item)s: TYPE:COUNT, e.g. rtx4090:2", item=item[:40]))
         result[gpu_type] = result.get(gpu_type, 0) + int(count)
         have = None if capacity is None else capacity.get(gpu_type, 0)
         if have is not None and result[gpu_type] > have:
             raise CliError(
-                f"--gpus: {result[gpu_type]} {gpu_type} asked, this deployment has {have}"
+                _(
+                    "--gpus: %(asked)s %(type)s asked, this deployment has %(have)s",
+                    asked=result[gpu_type],
+                    type=gpu_type,
+                    have=have,
+                )
             )
     return result
 
@@ -189,7 +285,7 @@ def course_window(args) -> int:
     ledger = settings.ledger()
     course = _course(ledger, args.name)
     if not (args.weekly or args.on or args.clear or args.tz or args.gpus):
-        raise CliError("say what to change: --weekly, --on, --clear, --tz or --gpus")
+        raise CliError(_("say what to change: --weekly, --on, --clear, --tz or --gpus"))
     gpus = None if not args.gpus else window_gpus_arg(c, args.gpus)
     try:
         lines = [labwindows.weekly(w) for w in args.weekly or ()]
@@ -204,10 +300,17 @@ def course_window(args) -> int:
         timezone=args.tz,
         gpus=gpus,
     )
-    shown = "; ".join(w for w in updated.windows.splitlines()) or "none (GPUs at any time)"
-    print(f"{course.name} lab windows ({updated.timezone}): {shown}")
+    shown = "; ".join(w for w in updated.windows.splitlines()) or _("none (GPUs at any time)")
+    print(
+        _(
+            "%(course)s lab windows (%(zone)s): %(windows)s",
+            course=course.name,
+            zone=updated.timezone,
+            windows=shown,
+        )
+    )
     if updated.window_gpus:
-        print(f"  reserved for the class during windows: {updated.window_gpus}")
+        print("  " + reserved(updated.window_gpus))
     if updated.windows:
         print(f"  {lab_phrase(updated, ledger.clock())}")
     return 0
@@ -221,8 +324,10 @@ def course_set(args) -> int:
     keeps_debug = course.debug_outside_windows if debug is None else debug
     if (args.at_window_end or course.at_window_end) == "debug" and not keeps_debug:
         raise CliError(
-            "--at-window-end debug restarts GPU servers in debug mode after a window: debug"
-            " mode must stay open outside windows (--debug-outside-windows yes)"
+            _(
+                "--at-window-end debug restarts GPU servers in debug mode after a window: debug"
+                " mode must stay open outside windows (--debug-outside-windows yes)"
+            )
         )
     updated = _ledger_call(
         ledger.set_course_options,
@@ -230,13 +335,26 @@ def course_set(args) -> int:
         debug_outside_windows=debug,
         at_window_end=args.at_window_end,
     )
-    print(
-        f"{course.name}: debug mode outside lab windows"
-        f" {'yes' if updated.debug_outside_windows else 'no'}, at a window's end"
-        f" {updated.at_window_end}"
-    )
+    end = updated.at_window_end
+    values = {
+        "course": course.name,
+        "end": _(AT_WINDOW_END_NAMES[end]) if end in AT_WINDOW_END_NAMES else end,
+    }
+    if updated.debug_outside_windows:
+        print(
+            _("%(course)s: debug mode outside lab windows yes, at a window's end %(end)s", **values)
+        )
+    else:
+        print(
+            _("%(course)s: debug mode outside lab windows no, at a window's end %(end)s", **values)
+        )
     if args.at_window_end:
-        print(f"the meter's permission to restart servers follows; {_applied(_c)}")
+        print(
+            _(
+                "the meter's permission to restart servers follows; %(applied)s",
+                applied=_applied(_c),
+            )
+        )
     return 0
 
 
@@ -249,34 +367,64 @@ def course_show(args) -> int:
         return format_money(micros, ledger.currency, symbol=False)
 
     print(
-        f"course:{course.name}  balance {money(ledger.course_balance(course.name))}"
-        f"  in allowances {money(ledger.allowances_total(course.name))}"
+        _(
+            "course:%(name)s  balance %(balance)s  in allowances %(allowances)s",
+            name=course.name,
+            balance=money(ledger.course_balance(course.name)),
+            allowances=money(ledger.allowances_total(course.name)),
+        )
     )
     if course.allowance_micros is None:
-        print("allowance: none")
+        print(_("allowance: none"))
     else:
-        expires = ""
-        if course.expires_at is not None:
-            end = datetime.datetime.fromtimestamp(
-                course.expires_at, labwindows.zone(course.timezone)
-            )
-            expires = f", ends {end:%Y-%m-%d %H:%M %Z}"
-        print(f"allowance: {money(course.allowance_micros)} per {course.allowance_period}{expires}")
-    print(f"pays for: {', '.join(course.profiles.split()) or 'any profile'}")
+        print(allowance_line(course, money))
+    print(
+        _("pays for: %(profiles)s", profiles=", ".join(course.profiles.split()) or _("any profile"))
+    )
     windows = "; ".join(course.windows.splitlines())
-    print(f"lab windows ({course.timezone}): {windows or 'none (GPUs at any time)'}")
+    print(
+        _(
+            "lab windows (%(zone)s): %(windows)s",
+            zone=course.timezone,
+            windows=windows or _("none (GPUs at any time)"),
+        )
+    )
     if course.window_gpus:
-        print(f"  reserved for the class during windows: {course.window_gpus}")
+        print("  " + reserved(course.window_gpus))
     if windows:
         print(f"  {lab_phrase(course, ledger.clock())}")
     now = ledger.clock()
     for member in ledger.roster(course.name):
+        # the role as the roster file writes it (student, ta, instructor)
         line = f"  {member.user_name:<20} {member.role:<10}"
         if member.role == "student":
             state = ledger.allowance_state(course.name, member.user_name, now)
-            line += f" left {money(state.left_micros)}"
+            line += " " + _("left %(amount)s", amount=money(state.left_micros))
         print(line)
     return 0
+
+
+def reserved(gpus: str) -> str:
+    return _("reserved for the class during windows: %(gpus)s", gpus=gpus)
+
+
+def allowance_line(course, money) -> str:
+    """ "allowance: 5.00 CNY per week, ends 2027-06-30 23:59 CST" (course show)."""
+    values = {"amount": money(course.allowance_micros)}
+    period = course.allowance_period
+    if course.expires_at is not None:
+        end = datetime.datetime.fromtimestamp(course.expires_at, labwindows.zone(course.timezone))
+        values["ends"] = f"{end:%Y-%m-%d %H:%M %Z}"
+        if period == "week":
+            return _("allowance: %(amount)s per week, ends %(ends)s", **values)
+        if period == "month":
+            return _("allowance: %(amount)s per month, ends %(ends)s", **values)
+        return _("allowance: %(amount)s in total, ends %(ends)s", **values)
+    if period == "week":
+        return _("allowance: %(amount)s per week", **values)
+    if period == "month":
+        return _("allowance: %(amount)s per month", **values)
+    return _("allowance: %(amount)s in total", **values)
 
 
 def add_commands(commands) -> None:

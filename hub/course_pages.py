@@ -22,18 +22,19 @@ from tornado import web
 
 from meterhub.billing_hooks import actions, course_actions, labwindows
 from meterhub.billing_hooks.courses import lab_phrase
-from meterhub.billing_hooks.groups import runway, runway_phrase
+from meterhub.billing_hooks.groups import CAP_PERIOD_NAMES, cap_period_name, runway, runway_phrase
 from meterhub.billing_hooks.money import from_micros
 from meterhub.billing_hooks.scopes import instructs, teaches
 from meterhub.billing_hooks.settings import priced_catalog
 from meterhub.billing_hooks.wallets import GROUP_NAME, fold
+from meterhub.i18n import _
 from meterhub.spawner import disk_archive
 from meterhub.spawner.local import disk_dirname
 
 from .disk_cli import server_on_disk
 from .group_pages import stop_server_for
 from .group_sync import find_group
-from .pages import MeterhubPage
+from .pages import MeterhubPage, when
 
 #: what a launch link may name: a git repository over http(s), a branch, a path in it
 BRANCH = re.compile(r"^[A-Za-z0-9._/-]{1,100}\Z")
@@ -48,11 +49,13 @@ def launch_link(
     open `path` in JupyterLab. ValueError says what is wrong with the input."""
     parts = urlsplit(repo)
     if parts.scheme not in ("https", "http") or not parts.netloc or len(repo) > 300:
-        raise ValueError("the repository is an http(s) URL, e.g. https://github.com/org/lab")
+        raise ValueError(_("the repository is an http(s) URL, e.g. https://github.com/org/lab"))
     if not BRANCH.match(branch) or ".." in branch:
-        raise ValueError("the branch: letters, digits, . _ / -")
+        raise ValueError(_("the branch: letters, digits, . _ / -"))
     if not REPO_PATH.match(path) or ".." in path.split("/") or path.startswith("/"):
-        raise ValueError("the path: a notebook's path inside the repository, e.g. week1/lab.ipynb")
+        raise ValueError(
+            _("the path: a notebook's path inside the repository, e.g. week1/lab.ipynb")
+        )
     folder = parts.path.rstrip("/").rsplit("/", 1)[-1].removesuffix(".git") or "repo"
     pull = "/hub/user-redirect/git-pull?" + urlencode(
         {
@@ -91,6 +94,27 @@ def settings_form(course) -> dict:
     }
 
 
+def allowance_phrase(course, money) -> str:
+    """ "allowance ¥20.00 per month, ends 2027-06-30 15:59 UTC", as the console shows it
+    ("" when the course has none)."""
+    if course.allowance_micros is None:
+        return ""
+    values = {"amount": money(course.allowance_micros)}
+    period = course.allowance_period
+    if course.expires_at:
+        values["ends"] = when(course.expires_at)
+        if period == "week":
+            return _("allowance %(amount)s per week, ends %(ends)s", **values)
+        if period == "month":
+            return _("allowance %(amount)s per month, ends %(ends)s", **values)
+        return _("allowance %(amount)s in total, ends %(ends)s", **values)
+    if period == "week":
+        return _("allowance %(amount)s per week", **values)
+    if period == "month":
+        return _("allowance %(amount)s per month", **values)
+    return _("allowance %(amount)s in total", **values)
+
+
 class CoursePage(MeterhubPage):
     """GET /hub/courses/NAME: the course's console, for its staff; everyone else 403."""
 
@@ -101,10 +125,12 @@ class CoursePage(MeterhubPage):
     async def authorize_course(self, course: str) -> None:
         name = fold(course)
         if not (GROUP_NAME.match(name) and teaches(self.expanded_scopes, name)):
-            raise web.HTTPError(403, "Only the course's TAs and instructors can open its console")
+            raise web.HTTPError(
+                403, "%s", _("Only the course's TAs and instructors can open its console")
+            )
         ledger = await self.billing.ledger_async()
         if await asyncio.to_thread(ledger.course, name) is None:
-            raise web.HTTPError(404, "No course %s", name[:64])
+            raise web.HTTPError(404, "%s", _("No course %(name)s", name=name[:64]))
         self.course = name
         group = find_group(self.db, name)  # the hub's session: on the event loop's thread
         self.students = tuple(sorted(u.name for u in group.users)) if group is not None else ()
@@ -127,7 +153,9 @@ class CoursePage(MeterhubPage):
                 "course": course,
                 "runway": runway_phrase(runway(view.balance_micros, view.burn_micros)),
                 "lab": lab_phrase(course, now) if course.windows else "",
+                "allowance_phrase": allowance_phrase(course, self.money),
                 "signed_up": set(self.students),
+                "period_names": {p: cap_period_name(p) for p in CAP_PERIOD_NAMES},
                 "running_count": sum(len(r.running) for r in view.roster),
                 "may_stop": teaches(self.expanded_scopes, name),
                 "instructor": instructs(self.expanded_scopes, name),
@@ -154,7 +182,7 @@ class CoursePage(MeterhubPage):
         if not repo:
             return "", ""
         choice = self.get_argument("choice", "debug").strip().lower()
-        profile, _, gpus = choice.partition(":")
+        profile, _sep, gpus = choice.partition(":")
         # the hub's public URL when the operator set one; a request's Host header otherwise
         public = self.settings.get("public_url")
         origin = (
@@ -200,8 +228,12 @@ class CourseSettingsPage(CoursePage):
         if not instructs(self.expanded_scopes, self.course):
             raise web.HTTPError(
                 403,
-                "Changing a course needs its instructor (custom:meterhub:course-instructor!group=%s)",
-                self.course,
+                "%s",
+                _(
+                    "Changing a course needs its instructor"
+                    " (custom:meterhub:course-instructor!group=%(course)s)",
+                    course=self.course,
+                ),
             )
         form = {k: self.get_body_argument(k, "").strip() for k in SETTINGS_FIELDS}
         body: dict = {
@@ -230,7 +262,7 @@ class CourseSettingsPage(CoursePage):
         except actions.ActionError as e:
             await self.show(error=e.message, status=e.status)
             return
-        await self.show(message=f"Saved {self.course}'s settings.")
+        await self.show(message=_("Saved %(course)s's settings.", course=self.course))
 
 
 #: the settings form's fields
@@ -256,7 +288,12 @@ class CourseStopPage(CoursePage):
         server_name = self.get_body_argument("server", "")
         if (name, server_name) not in await self.course_paid():
             await self.show(
-                error=f"{name[:64]!r} runs no server on {self.course}'s money.", status=404
+                error=_(
+                    "%(user)s runs no server on %(course)s's money.",
+                    user=repr(name[:64]),
+                    course=self.course,
+                ),
+                status=404,
             )
             return
         message, error, status = await stop_server_for(self, name, server_name)
@@ -277,7 +314,7 @@ class CourseStopAllPage(CoursePage):
                 errors.append(error)
             else:
                 stopped += 1
-        message = f"Stopped {stopped} server(s) the course paid for; their files are kept."
+        message = _("Stopped %(n)s server(s) the course paid for; their files are kept.", n=stopped)
         await self.show(message=message, error=" ".join(errors))
 
 
@@ -297,18 +334,27 @@ class CourseResetPage(CoursePage):
             r.user == name and r.role == "student"
             for r in (await asyncio.to_thread(self.ledger_view)).roster
         ):
-            await self.show(error=f"{name[:64]!r} is not a student of {self.course}.", status=404)
+            await self.show(
+                error=_(
+                    "%(user)s is not a student of %(course)s.",
+                    user=repr(name[:64]),
+                    course=self.course,
+                ),
+                status=404,
+            )
             return None
         user = self.find_user(name)
         if user is None:
-            await self.show(error=f"{name} has not signed in yet: no disk.", status=404)
+            await self.show(
+                error=_("%(user)s has not signed in yet: no disk.", user=name), status=404
+            )
             return None
         if any(spawner.active for spawner in user.spawners.values()):
-            await self.show(error=f"Stop {name}'s server first.", status=409)
+            await self.show(error=_("Stop %(user)s's server first.", user=name), status=409)
             return None
         spawner = user.spawners[""]
         if not hasattr(spawner, "disk_path"):
-            await self.show(error="Resetting a disk is for the local backend only.", status=400)
+            await self.show(error=_("Resetting a disk is for the local backend only."), status=400)
             return None
         return spawner
 
@@ -320,7 +366,7 @@ class CourseResetPage(CoursePage):
         await self.authorize_course(course)
         name = self.get_body_argument("user", "").strip()
         if self.get_body_argument("confirm", "") != "yes":
-            await self.show(error="Tick the box to confirm the reset.", status=400)
+            await self.show(error=_("Tick the box to confirm the reset."), status=400)
             return
         spawner = await self.student_disk(name)
         if spawner is None:
@@ -351,18 +397,29 @@ class CourseResetPage(CoursePage):
         try:
             saved, copied = await asyncio.to_thread(reset)
         except disk_archive.ArchiveBusy as e:
-            await self.show(error=f"{name}'s disk is busy: {_busy(name, e)}", status=409)
+            await self.show(error=_busy(name, e), status=409)
             return
         except (disk_archive.ArchiveError, OSError) as e:
-            await self.show(error=f"The reset failed: {e}", status=500)
+            await self.show(error=_("The reset failed: %(error)s", error=e), status=500)
             return
         self.log.info("%s reset %s's disk (archive %s)", self.current_user.name, name, saved)
-        what = (
-            f"the course materials ({copied} files) are in {self.course}/"
-            if copied
-            else "the course has no materials folder, so the disk is empty"
-        )
-        await self.show(message=f"Reset {name}'s environment: archived as {saved}; {what}.")
+        if copied:
+            message = _(
+                "Reset %(user)s's environment: archived as %(archive)s; the course materials"
+                " (%(n)s files) are in %(folder)s/.",
+                user=name,
+                archive=saved,
+                n=copied,
+                folder=self.course,
+            )
+        else:
+            message = _(
+                "Reset %(user)s's environment: archived as %(archive)s; the course has no"
+                " materials folder, so the disk is empty.",
+                user=name,
+                archive=saved,
+            )
+        await self.show(message=message)
 
 
 class CourseRestorePage(CourseResetPage):
@@ -379,7 +436,12 @@ class CourseRestorePage(CourseResetPage):
             return
         folder = spawner.disk_archive_dir
         if wanted not in await asyncio.to_thread(disk_archive.archives, folder):
-            await self.show(error=f"{name} has no archive {wanted[:100]!r}.", status=404)
+            await self.show(
+                error=_(
+                    "%(user)s has no archive %(archive)s.", user=name, archive=repr(wanted[:100])
+                ),
+                status=404,
+            )
             return
 
         def restore() -> str:
@@ -397,13 +459,18 @@ class CourseRestorePage(CourseResetPage):
         try:
             saved = await asyncio.to_thread(restore)
         except disk_archive.ArchiveBusy as e:
-            await self.show(error=f"{name}'s disk is busy: {_busy(name, e)}", status=409)
+            await self.show(error=_busy(name, e), status=409)
             return
         except (disk_archive.ArchiveError, OSError) as e:
-            await self.show(error=f"The restore failed: {e}", status=500)
+            await self.show(error=_("The restore failed: %(error)s", error=e), status=500)
             return
         await self.show(
-            message=f"Restored {name}'s disk from {wanted}; what it held is archived as {saved}."
+            message=_(
+                "Restored %(user)s's disk from %(archive)s; what it held is archived as %(saved)s.",
+                user=name,
+                archive=wanted,
+                saved=saved,
+            )
         )
 
 
@@ -420,9 +487,18 @@ def _refuse_running(spawner, disk: str) -> None:
 
 
 def _busy(name: str, e: disk_archive.ArchiveBusy) -> str:
+    """Why a reset or restore was refused: the disk is busy (`e` says with what)."""
     if isinstance(e, ServerRunning):
-        return f"{e}. Stop {name}'s server first; nothing was changed."
-    return f"{e}. Nothing was changed; try again in a moment."
+        return _(
+            "%(user)s's disk is busy: %(why)s. Stop %(user)s's server first; nothing was changed.",
+            user=name,
+            why=e,
+        )
+    return _(
+        "%(user)s's disk is busy: %(why)s. Nothing was changed; try again in a moment.",
+        user=name,
+        why=e,
+    )
 
 
 class CourseUsageCsv(CoursePage):

@@ -11,27 +11,37 @@ from __future__ import annotations
 import re
 
 from meterhub.billing_hooks import actions
-from meterhub.billing_hooks.groups import runway_phrase
+from meterhub.billing_hooks.groups import cap_period_name, runway_phrase
 from meterhub.billing_hooks.ledger import LedgerError
 from meterhub.billing_hooks.money import format_money
 from meterhub.billing_hooks.orm import CAP_PERIODS
+from meterhub.i18n import _
 
 from .billing_cli import CliError, cli_actor, load_settings, require_user
 
-APPLIED = "the hub applies it within {seconds} s (at its next start if it is not running)"
 #: a budget-alert webhook: http(s), no spaces, of a sane length
 WEBHOOK = re.compile(r"^https?://[^\s]{1,2000}\Z")
 
 
 def _applied(c) -> str:
+    """When the hub applies a queued change: a phrase for the end of a sentence."""
     seconds = c.MeterHub.get("group_sync_interval_seconds", 5)
-    return APPLIED.format(seconds=seconds)
+    return _(
+        "the hub applies it within %(seconds)s s (at its next start if it is not running)",
+        seconds=seconds,
+    )
 
 
 def _group(ledger, name: str):
     settings = ledger.group(name)
     if settings is None:
-        raise CliError(f"no group {name!r}: create it with `meterhub group create {name}`")
+        raise CliError(
+            _(
+                "no group %(name)s: create it with `meterhub group create %(plain)s`",
+                name=repr(name),
+                plain=name,
+            )
+        )
     return settings
 
 
@@ -46,8 +56,15 @@ def group_create(args) -> int:
         )
     except LedgerError as e:
         raise CliError(str(e)) from None
-    admins = ", ".join(args.admin or ()) or "none"
-    print(f"created group {made.name} (wallet group:{made.name}; admins: {admins}); {_applied(c)}")
+    admins = ", ".join(args.admin or ()) or _("none")
+    print(
+        _(
+            "created group %(name)s (wallet group:%(name)s; admins: %(admins)s); %(applied)s",
+            name=made.name,
+            admins=admins,
+            applied=_applied(c),
+        )
+    )
     return 0
 
 
@@ -58,8 +75,10 @@ def _not_managed(args) -> None:
 
     if load_site_config(args.config)["auth"].get("manage_groups"):
         raise CliError(
-            "auth.manage_groups is on: membership comes from the identity provider at each"
-            " sign-in; change it there"
+            _(
+                "auth.manage_groups is on: membership comes from the identity provider at each"
+                " sign-in; change it there"
+            )
         )
 
 
@@ -72,7 +91,14 @@ def group_add(args) -> int:
         require_user(c, user)
     for user in dict.fromkeys(args.users):
         ledger.queue_hub_change("add", group.name, user, cli_actor())
-    print(f"adding {', '.join(dict.fromkeys(args.users))} to {group.name}; {_applied(c)}")
+    print(
+        _(
+            "adding %(users)s to %(group)s; %(applied)s",
+            users=", ".join(dict.fromkeys(args.users)),
+            group=group.name,
+            applied=_applied(c),
+        )
+    )
     return 0
 
 
@@ -84,8 +110,13 @@ def group_remove(args) -> int:
     require_user(c, args.user)
     ledger.queue_hub_change("remove", group.name, args.user, cli_actor())
     print(
-        f"removing {args.user} from {group.name}; {_applied(c)}. A server of theirs that"
-        " runs on the group's wallet keeps it until it stops; new ones cannot use it."
+        _(
+            "removing %(user)s from %(group)s; %(applied)s. A server of theirs that runs on the"
+            " group's wallet keeps it until it stops; new ones cannot use it.",
+            user=args.user,
+            group=group.name,
+            applied=_applied(c),
+        )
     )
     return 0
 
@@ -98,13 +129,20 @@ def group_admins(args) -> int:
     for user in users:
         require_user(c, user)
     ledger.set_group_admins(group.name, users)
-    shown = ", ".join(dict.fromkeys(users)) or "none"
+    shown = ", ".join(dict.fromkeys(users)) or _("none")
     where = (
-        "the hub's next start (JupyterHub loads roles at start-up)"
+        _("the hub's next start (JupyterHub loads roles at start-up)")
         if c.JupyterHub.get("spawner_class", "").endswith("KubeGPUSpawner")
         else _applied(c)
     )
-    print(f"admins of {group.name}: {shown}; their role follows: {where}")
+    print(
+        _(
+            "admins of %(group)s: %(admins)s; their role follows: %(where)s",
+            group=group.name,
+            admins=shown,
+            where=where,
+        )
+    )
     return 0
 
 
@@ -115,17 +153,32 @@ def group_cap(args) -> int:
     require_user(c, args.user)
     paid = {s.user_name for s, _cost in ledger.group_view(group.name, ()).running}
     if args.user not in hub_members(c, group.name) and args.user not in paid:
-        raise CliError(f"{args.user} is not a member of {group.name}: add them first")
+        raise CliError(
+            _(
+                "%(user)s is not a member of %(group)s: add them first",
+                user=args.user,
+                group=group.name,
+            )
+        )
     amount = None if args.amount == "none" else args.amount
     try:
         cap = actions.set_cap(ledger, group.name, args.user, amount, args.period, cli_actor())
     except actions.ActionError as e:
         raise CliError(e.message) from None
     if cap is None:
-        print(f"{args.user} has no cap on {group.name}")
+        print(_("%(user)s has no cap on %(group)s", user=args.user, group=group.name))
+        return 0
+    values = {
+        "user": args.user,
+        "amount": format_money(cap.amount_micros, ledger.currency, symbol=False),
+        "group": group.name,
+    }
+    if cap.period == "week":
+        print(_("%(user)s may spend %(amount)s per week from %(group)s", **values))
+    elif cap.period == "month":
+        print(_("%(user)s may spend %(amount)s per month from %(group)s", **values))
     else:
-        money = format_money(cap.amount_micros, ledger.currency, symbol=False)
-        print(f"{args.user} may spend {money} per {cap.period} from {group.name}")
+        print(_("%(user)s may spend %(amount)s in total from %(group)s", **values))
     return 0
 
 
@@ -136,7 +189,7 @@ def group_set(args) -> int:
     default = None if args.default_for_members is None else args.default_for_members == "yes"
     webhook = args.webhook
     if webhook not in (None, "none") and not WEBHOOK.match(webhook):
-        raise CliError("--webhook: an http:// or https:// URL, or none")
+        raise CliError(_("--webhook: an http:// or https:// URL, or none"))
     ledger.set_group_options(
         group.name,
         default_for_members=default,
@@ -144,10 +197,11 @@ def group_set(args) -> int:
         clear_webhook=webhook == "none",
     )
     updated = ledger.group(group.name)
-    print(
-        f"{group.name}: default for members {'yes' if updated.default_for_members else 'no'},"
-        f" webhook {updated.webhook_url or 'none'}"
-    )
+    values = {"group": group.name, "webhook": updated.webhook_url or _("none")}
+    if updated.default_for_members:
+        print(_("%(group)s: default for members yes, webhook %(webhook)s", **values))
+    else:
+        print(_("%(group)s: default for members no, webhook %(webhook)s", **values))
     return 0
 
 
@@ -161,19 +215,34 @@ def group_show(args) -> int:
         return format_money(micros, ledger.currency, symbol=False)
 
     runway = runway_phrase(view.runway_seconds)
-    print(
-        f"group:{view.name}  balance {money(view.balance_micros)}"
-        + (f"  {runway}" if runway else "")
+    balance = _(
+        "group:%(name)s  balance %(balance)s", name=view.name, balance=money(view.balance_micros)
     )
-    print(f"admins: {', '.join(view.admins) or 'none'}")
+    print(balance + (f"  {runway}" if runway else ""))
+    print(_("admins: %(admins)s", admins=", ".join(view.admins) or _("none")))
     for m in view.members:
-        cap = "no cap" if m.cap_micros is None else f"cap {money(m.cap_micros)}/{m.period}"
-        left = "" if m.left_micros is None else f"  left {money(m.left_micros)}"
-        print(f"  {m.user:<20} spent {money(m.spent_micros):>12} ({m.period}){left}  {cap}")
+        period = cap_period_name(m.period)
+        if m.cap_micros is None:
+            cap = _("no cap")
+        else:
+            cap = _("cap %(amount)s/%(period)s", amount=money(m.cap_micros), period=period)
+        left = ""
+        if m.left_micros is not None:
+            left = "  " + _("left %(amount)s", amount=money(m.left_micros))
+        amount = money(m.spent_micros).rjust(12)
+        spent = _("spent %(amount)s (%(period)s)", amount=amount, period=period)
+        print(f"  {m.user:<20} {spent}{left}  {cap}")
     for session, cost in view.running:
+        server = f"{session.user_name}/{session.server_name or 'default'}"
         print(
-            f"  running: {session.user_name}/{session.server_name or 'default'} {session.profile}"
-            f" ×{session.gpus}  {money(cost)}"
+            "  "
+            + _(
+                "running: %(server)s %(profile)s ×%(gpus)s  %(cost)s",
+                server=server,
+                profile=session.profile,
+                gpus=session.gpus,
+                cost=money(cost),
+            )
         )
     return 0
 

@@ -15,15 +15,16 @@ from datetime import UTC, datetime
 from tornado import web
 
 from meterhub.billing_hooks import actions
+from meterhub.billing_hooks.groups import CAP_PERIOD_NAMES, cap_period_name, runway_phrase
 from meterhub.billing_hooks.groups import month_bounds as statement_month
-from meterhub.billing_hooks.groups import runway_phrase
 from meterhub.billing_hooks.money import accrued, format_money
 from meterhub.billing_hooks.orm import CAP_PERIODS
 from meterhub.billing_hooks.scopes import administers, may_stop_in
 from meterhub.billing_hooks.wallets import fold
+from meterhub.i18n import _
 
 from .group_sync import find_group
-from .pages import PLOT_DAYS, MeterhubPage, member_colours, plot_svg, when
+from .pages import PLOT_DAYS, MeterhubPage, member_colours, plot_svg, profile_name, when
 
 #: statements offered on the page: the months of the last year that have sessions
 STATEMENT_MONTHS = 12
@@ -34,7 +35,7 @@ def month_bounds(text: str) -> tuple[int, int]:
     try:
         return statement_month(text)
     except ValueError:
-        raise web.HTTPError(400, "month: YYYY-MM, e.g. 2026-03, or all") from None
+        raise web.HTTPError(400, "%s", _("month: YYYY-MM, e.g. 2026-03, or all")) from None
 
 
 def recent_months(now: int, count: int = STATEMENT_MONTHS) -> list[str]:
@@ -76,18 +77,23 @@ class GroupPage(MeterhubPage):
         # membership is exact, as the PI's !group= filter is: a hub group "Lab" is not "lab"
         member = name in {g.name for g in self.current_user.groups}
         if not (admin or member):
-            raise web.HTTPError(403, "Only the group's members and admins can see its page")
+            raise web.HTTPError(
+                403, "%s", _("Only the group's members and admins can see its page")
+            )
         if admin_only and not admin:
             raise web.HTTPError(
                 403,
-                "This needs the group's admin (custom:meterhub:group-admin!group=%s)",
-                name[:64],
+                "%s",
+                _(
+                    "This needs the group's admin (custom:meterhub:group-admin!group=%(group)s)",
+                    group=name[:64],
+                ),
             )
         ledger = await self.billing.ledger_async()
         settings = await asyncio.to_thread(ledger.group, name)
         hub_group = find_group(self.db, name)  # the hub's session: on the event loop's thread
         if settings is None or hub_group is None:
-            raise web.HTTPError(404, "No group %s with a wallet", name[:64])
+            raise web.HTTPError(404, "%s", _("No group %(name)s with a wallet", name=name[:64]))
         self.group = settings.name
         self.members = tuple(sorted(user.name for user in hub_group.users))
         self.administered = admin
@@ -113,7 +119,7 @@ class GroupPage(MeterhubPage):
                 since = 0
                 if session.ready_at is not None and session.metered_through is not None:
                     since = max(0, now - session.metered_through)
-                label = session.profile
+                label = profile_name(session.profile)
                 if session.gpus:
                     label += f" × {session.gpus}"
                 running.append(
@@ -136,6 +142,7 @@ class GroupPage(MeterhubPage):
                 "administered": admin,
                 "may_stop": may_stop,
                 "cap_periods": CAP_PERIODS,
+                "period_names": {p: cap_period_name(p) for p in CAP_PERIOD_NAMES},
                 # what the cap forms show: the amount as typed, without the currency
                 "cap_amounts": {
                     m.user: format_money(m.cap_micros, ledger.currency, symbol=False).split()[0]
@@ -162,12 +169,12 @@ class GroupCapPage(GroupPage):
         user = self.get_body_argument("user", "").strip()
         paying = {member for member, _server in await self.paid_servers()}
         if user not in self.members and user not in paying:
-            await self.show(error=f"{user[:64]!r} is not a member of {self.group}.", status=404)
+            await self.show(error=not_a_member(user, self.group), status=404)
             return
         amount = self.get_body_argument("amount", "").strip()
         period = self.get_body_argument("period", "month")
         if not amount:
-            await self.show(error="Enter an amount, or none to remove the cap.", status=400)
+            await self.show(error=_("Enter an amount, or none to remove the cap."), status=400)
             return
         ledger = await self.billing.ledger_async()
         try:
@@ -184,12 +191,22 @@ class GroupCapPage(GroupPage):
             await self.show(error=e.message, status=e.status)
             return
         if cap is None:
-            await self.show(message=f"{user} has no cap on {self.group} now.")
+            await self.show(
+                message=_("%(user)s has no cap on %(group)s now.", user=user, group=self.group)
+            )
             return
-        per = "in total" if cap.period == "total" else f"a {cap.period}"
-        await self.show(
-            message=f"{user} may spend {self.money(cap.amount_micros)} {per} from {self.group}."
-        )
+        values = {"user": user, "amount": self.money(cap.amount_micros), "group": self.group}
+        if cap.period == "week":
+            message = _("%(user)s may spend %(amount)s a week from %(group)s.", **values)
+        elif cap.period == "month":
+            message = _("%(user)s may spend %(amount)s a month from %(group)s.", **values)
+        else:
+            message = _("%(user)s may spend %(amount)s in total from %(group)s.", **values)
+        await self.show(message=message)
+
+
+def not_a_member(user: str, group: str) -> str:
+    return _("%(user)s is not a member of %(group)s.", user=repr(user[:64]), group=group)
 
 
 class GroupStopPage(GroupPage):
@@ -201,13 +218,18 @@ class GroupStopPage(GroupPage):
         await self.authorize_group(group, admin_only=True)
         if not may_stop_in(self.expanded_scopes, self.group):
             raise web.HTTPError(
-                403, "Stopping members' servers needs delete:servers!group=%s", self.group
+                403,
+                "%s",
+                _(
+                    "Stopping members' servers needs delete:servers!group=%(group)s",
+                    group=self.group,
+                ),
             )
         name = self.get_body_argument("user", "").strip()
         server_name = self.get_body_argument("server", "")
         # a member's server, or one the group still pays for (a member removed since)
         if name not in self.members and (name, server_name) not in await self.paid_servers():
-            await self.show(error=f"{name[:64]!r} is not a member of {self.group}.", status=404)
+            await self.show(error=not_a_member(name, self.group), status=404)
             return
         message, error, status = await stop_server_for(self, name, server_name)
         await self.show(message=message, error=error, status=status)
@@ -217,21 +239,28 @@ async def stop_server_for(page, name: str, server_name: str) -> tuple[str, str, 
     """Stop `name`'s server `server_name` as the hub's API DELETE does it, for a page whose
     caller may (checked before): (message, error, status) to show."""
     user = page.find_user(name)
-    label = f"{name}'s server" + (f" {server_name!r}" if server_name else "")
+    where = f"{name}'s server" + (f" {server_name!r}" if server_name else "")
+    if server_name:
+        label = _("%(user)s's server %(server)s", user=name, server=repr(server_name))
+    else:
+        label = _("%(user)s's server", user=name)
     if user is None or server_name not in user.orm_spawners:
-        return "", f"{label} is not running.", 404
+        return "", _("%(label)s is not running.", label=label), 404
     spawner = user.spawners[server_name]
     if spawner.pending == "stop":
-        return f"{label} is stopping already.", "", 200
+        return _("%(label)s is stopping already.", label=label), "", 200
+    if spawner.pending == "spawn":
+        return "", _("%(label)s is spawning; try again.", label=label), 409
     if spawner.pending:
-        return "", f"{label} is {spawner.pending}ing; try again.", 409
+        busy = _("%(label)s is %(pending)sing; try again.", label=label, pending=spawner.pending)
+        return "", busy, 409
     if not spawner.ready or await spawner.poll_and_notify() is not None:
-        return "", f"{label} is not running.", 404
-    page.log.info("%s stops %s", page.current_user.name, label)
+        return "", _("%(label)s is not running.", label=label), 404
+    page.log.info("%s stops %s", page.current_user.name, where)
     await page.stop_single_user(user, server_name)
     if spawner._stop_pending:
-        return f"{label} is stopping (slowly); its files are kept.", "", 200
-    return f"Stopped {label}; its files are kept.", "", 200
+        return _("%(label)s is stopping (slowly); its files are kept.", label=label), "", 200
+    return _("Stopped %(label)s; its files are kept.", label=label), "", 200
 
 
 class GroupStatement(GroupPage):

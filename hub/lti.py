@@ -30,6 +30,7 @@ from tornado import web
 
 from meterhub.billing_hooks.settings import BillingSettings
 from meterhub.billing_hooks.wallets import USER_NAME
+from meterhub.i18n import _
 
 log = logging.getLogger("meterhub.lti")
 
@@ -87,7 +88,8 @@ class MeterLTI13Authenticator(LTI13Authenticator):
         if not USER_NAME.match(name):
             raise web.HTTPError(
                 403,
-                "The LMS sent a user name this hub cannot use: ask its admin about username_key",
+                "%s",
+                _("The LMS sent a user name this hub cannot use: ask its admin about username_key"),
             )
         result["name"] = name
         facts = launch_facts(data or {})
