@@ -13,14 +13,16 @@ import contextlib
 import datetime
 import os
 import shutil
+import unicodedata
 
+from meterhub.i18n import N_, _
 from meterhub.spawner import disk_archive
 from meterhub.spawner.disk_archive import ArchiveBusy, Archived, ArchiveError, DiskLock, gib
 
 from .billing_cli import CliError, load_settings
 from .group_cli import _hub_rows
 
-KUBERNETES = (
+KUBERNETES = N_(
     "the Kubernetes backend keeps disks as PersistentVolumeClaims: meterhub neither archives"
     " nor deletes them (see docs/idle.md)"
 )
@@ -45,9 +47,12 @@ def server_on_disk(data_dir: str, disk: str) -> str:
     records, bad = read_records(data_dir)
     disk = os.path.normpath(os.path.abspath(disk))
     if any(os.path.normpath(os.path.abspath(r.marker)) == disk for r in records):
-        return "a server is running on it"
+        return _("a server is running on it")
     if bad:
-        return f"runtime records {', '.join(bad)[:200]} cannot be read, so a server may use it"
+        return _(
+            "runtime records %(records)s cannot be read, so a server may use it",
+            records=", ".join(bad)[:200],
+        )
     return ""
 
 
@@ -83,10 +88,16 @@ def archive_user_disk(
 
     def refuse() -> None:
         if not os.path.isdir(disk):
-            raise Refused(f"{user} has no disk")
+            raise Refused(_("%(user)s has no disk", user=user))
         marker = disk_archive.archived(folder)
         if marker is not None:
-            raise Refused(f"{user}'s disk is archived already ({marker.archive})")
+            raise Refused(
+                _(
+                    "%(user)s's disk is archived already (%(archive)s)",
+                    user=user,
+                    archive=marker.archive,
+                )
+            )
 
     def idle() -> bool:
         return idle_before is None or last_use(disk, spawner_times) <= idle_before
@@ -98,7 +109,9 @@ def archive_user_disk(
         refuse()
         why = server_on_disk(data_dir, disk)
         if why:
-            raise Refused(f"{user}'s server is running: {why}; stop it first")
+            raise Refused(
+                _("%(user)s's server is running: %(why)s; stop it first", user=user, why=why)
+            )
         if not idle():
             return None
         return disk_archive.archive_idle(disk, folder, now)
@@ -119,7 +132,7 @@ def _local(args):
 
     c, _settings = load_settings(args)
     if c.JupyterHub.spawner_class.endswith("KubeGPUSpawner"):
-        raise CliError(KUBERNETES)
+        raise CliError(_(KUBERNETES))
     return LocalGPUSpawner(config=c), c
 
 
@@ -156,7 +169,7 @@ def _hub_server(c, user: str) -> bool:
 
 def _user(args) -> str:
     if not 0 < len(args.user) <= 255 or not args.user.isprintable():
-        raise CliError("USER: a user name")
+        raise CliError(_("USER: a user name"))
     return args.user
 
 
@@ -166,7 +179,9 @@ def _one_line(user: str):
     try:
         yield
     except ArchiveBusy:
-        raise CliError(f"{user}'s disk is being started, archived or restored; try again") from None
+        raise CliError(
+            _("%(user)s's disk is being started, archived or restored; try again", user=user)
+        ) from None
     except ArchiveError as e:
         raise CliError(str(e)) from None
 
@@ -179,9 +194,10 @@ def disk_list(args) -> int:
     for root in (local.disk_root, archives_root):
         if os.path.isdir(root):
             folders.update(n for n in os.listdir(root) if os.path.isdir(os.path.join(root, n)))
-    rows = [("USER", "SIZE", "LAST USED", "STATE", "ARCHIVES")]
+    rows = [(_("USER"), _("SIZE"), _("LAST USED"), _("STATE"), _("ARCHIVES"))]
     for folder in sorted(folders, key=lambda f: users.get(f, (f,))[0]):
-        name, _id, times = users.get(folder, (f"{folder} (no account)", None, []))
+        no_account = _("%(folder)s (no account)", folder=folder)
+        name, _id, times = users.get(folder, (no_account, None, []))
         disk = os.path.join(local.disk_root, folder)
         archive_folder = disk_archive.archive_dir(local.data_dir, folder)
         has_disk = os.path.isdir(disk)
@@ -189,33 +205,41 @@ def disk_list(args) -> int:
         try:
             marker = disk_archive.archived(archive_folder)
         except ArchiveError:
-            marker, state = None, "marker damaged"
+            marker, state = None, _("marker damaged")
         else:
             if marker is not None:
-                state, size = f"archived {marker.day}", f"{gib(marker.disk_bytes)} (archived)"
+                state = _("archived %(day)s", day=marker.day)
+                size = _("%(size)s (archived)", size=gib(marker.disk_bytes))
             else:
-                state = "on disk" if has_disk else "no disk"
+                state = _("on disk") if has_disk else _("no disk")
         if has_disk and marker is None:
             size = gib(disk_archive.tree_bytes(disk))
         used = last_use(disk, times).strftime("%Y-%m-%d %H:%M") if has_disk else "-"
         archived_bytes = disk_archive.tree_bytes(archive_folder)
         rows.append((name, size, used, state, gib(archived_bytes) if archived_bytes else "-"))
     if len(rows) == 1:
-        print(f"no disks in {local.disk_root}")
+        print(_("no disks in %(root)s", root=local.disk_root))
         return 0
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    widths = [max(_width(row[i]) for row in rows) for i in range(len(rows[0]))]
     for row in rows:
         print(
-            "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
+            "  ".join(
+                cell + " " * (width - _width(cell)) for cell, width in zip(row, widths, strict=True)
+            ).rstrip()
         )
     return 0
+
+
+def _width(text: str) -> int:
+    """How many columns `text` takes on a terminal: Chinese characters take two."""
+    return sum(2 if unicodedata.east_asian_width(c) in "WF" else 1 for c in text)
 
 
 def _refuse_running(c, local, user: str) -> None:
     _name, disk, _folder = _paths(local.data_dir, local.disk_root, user)
     why = server_on_disk(local.data_dir, disk)
     if why or _hub_server(c, user):
-        raise CliError(f"{user}'s server is running or starting: stop it first")
+        raise CliError(_("%(user)s's server is running or starting: stop it first", user=user))
 
 
 def disk_archive_command(args) -> int:
@@ -226,8 +250,15 @@ def disk_archive_command(args) -> int:
         marker = archive_user_disk(local.data_dir, local.disk_root, user, disk_archive.utcnow())
     assert marker is not None
     print(
-        f"archived {user}'s disk ({gib(marker.disk_bytes)}) as {marker.archive}"
-        f" ({gib(marker.bytes)}, sha256 {marker.sha256[:12]}…); restored at their next start"
+        _(
+            "archived %(user)s's disk (%(size)s) as %(archive)s (%(archive_size)s, sha256"
+            " %(sha256)s…); restored at their next start",
+            user=user,
+            size=gib(marker.disk_bytes),
+            archive=marker.archive,
+            archive_size=gib(marker.bytes),
+            sha256=marker.sha256[:12],
+        )
     )
     return 0
 
@@ -245,18 +276,23 @@ def disk_restore(args) -> int:
     name, disk, folder = _paths(local.data_dir, local.disk_root, user)
     with _one_line(user):
         if disk_archive.archived(folder) is None:
-            raise CliError(f"{user}'s disk is not archived")
+            raise CliError(_("%(user)s's disk is not archived", user=user))
     _refuse_running(c, local, user)
     run_as = _run_as(c, local, user)
     with _one_line(user), DiskLock(local.data_dir, name):
         if server_on_disk(local.data_dir, disk):
-            raise CliError(f"{user}'s server is running: stop it first")
+            raise CliError(_("%(user)s's server is running: stop it first", user=user))
         marker = disk_archive.restore_idle(disk, folder, run_as)
     if marker is None:
-        raise CliError(f"{user}'s disk is not archived")
+        raise CliError(_("%(user)s's disk is not archived", user=user))
     print(
-        f"restored {user}'s disk ({gib(marker.disk_bytes)}) from {marker.archive};"
-        " the archive is kept until the disk's next idle archive replaces it"
+        _(
+            "restored %(user)s's disk (%(size)s) from %(archive)s; the archive is kept until"
+            " the disk's next idle archive replaces it",
+            user=user,
+            size=gib(marker.disk_bytes),
+            archive=marker.archive,
+        )
     )
     return 0
 
@@ -268,19 +304,27 @@ def disk_delete(args) -> int:
     has_disk = os.path.isdir(disk)
     has_archives = os.path.isdir(folder) and bool(os.listdir(folder))
     if not has_disk and not (args.archives and has_archives):
-        raise CliError(f"{user} has no disk" + ("" if args.archives else " (see --archives)"))
+        if args.archives:
+            raise CliError(_("%(user)s has no disk", user=user))
+        raise CliError(_("%(user)s has no disk (see --archives)", user=user))
     _refuse_running(c, local, user)
     what = []
     if has_disk:
         what.append(f"{disk} ({gib(disk_archive.tree_bytes(disk))})")
     if args.archives and has_archives:
-        count = len(disk_archive.archives(folder))
-        what.append(f"{count} archive(s) in {folder} ({gib(disk_archive.tree_bytes(folder))})")
+        what.append(
+            _(
+                "%(count)s archive(s) in %(folder)s (%(size)s)",
+                count=len(disk_archive.archives(folder)),
+                folder=folder,
+                size=gib(disk_archive.tree_bytes(folder)),
+            )
+        )
     if not args.yes:
-        raise CliError(f"would delete {' and '.join(what)}; add --yes to delete")
+        raise CliError(_("would delete %(what)s; add --yes to delete", what=_(" and ").join(what)))
     with _one_line(user), DiskLock(local.data_dir, name):
         if server_on_disk(local.data_dir, disk):
-            raise CliError(f"{user}'s server is running: stop it first")
+            raise CliError(_("%(user)s's server is running: stop it first", user=user))
         if has_disk:
             disk_archive.empty_disk(disk)
             os.rmdir(disk)
@@ -289,11 +333,20 @@ def disk_delete(args) -> int:
             shutil.rmtree(folder)
         elif disk_archive.forget_archived(folder) is not None:
             # the next start begins on a new disk; the archives stay where they are
-            what.append("the mark that restored the archive at the next start")
-    kept = ""
+            what.append(_("the mark that restored the archive at the next start"))
+    deleted = _(" and ").join(what)
     if has_archives and not args.archives:
-        kept = f"; kept {len(disk_archive.archives(folder))} archive(s) in {folder} (--archives deletes them)"
-    print(f"deleted {' and '.join(what)}{kept}")
+        print(
+            _(
+                "deleted %(what)s; kept %(count)s archive(s) in %(folder)s (--archives deletes"
+                " them)",
+                what=deleted,
+                count=len(disk_archive.archives(folder)),
+                folder=folder,
+            )
+        )
+    else:
+        print(_("deleted %(what)s", what=deleted))
     return 0
 
 

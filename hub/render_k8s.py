@@ -34,6 +34,11 @@ class RenderError(ValueError):
     """A choice the backend refuses; the message is the one the user would get."""
 
 
+def refusal_text(error: web.HTTPError) -> str:
+    """What an HTTPError says to the user (its message with its arguments put in)."""
+    return error.log_message % error.args if error.args else (error.log_message or "")
+
+
 @contextmanager
 def offline_kubeconfig():
     """KubeSpawner loads a kubeconfig when it is built; give it one that points nowhere.
@@ -102,7 +107,7 @@ async def start_manifests(spawner, options: dict) -> list[dict]:
     try:
         await spawner.load_user_options()
     except web.HTTPError as e:
-        raise RenderError(e.log_message) from None
+        raise RenderError(refusal_text(e)) from None
     pod = await spawner.get_pod_manifest()
     pvc = spawner.get_pvc_manifest()
     claims = [spawner.get_group_pvc_manifest(group) for group in spawner.shared_groups]

@@ -12,8 +12,10 @@ from decimal import Decimal, InvalidOperation
 from tornado import web
 from traitlets.config import Config
 
+from meterhub.i18n import _
+
 from .config import apply_spawner_config
-from .render_k8s import RenderError, _fake_user
+from .render_k8s import RenderError, _fake_user, refusal_text
 
 #: the server's token is made at spawn; the script only names the variable
 TOKEN_PLACEHOLDER = "<the server's own token, made at spawn>"
@@ -26,7 +28,7 @@ def offline_spawner(site: dict, user: str, groups=()):
     from meterhub.spawner.slurm import SlurmGPUSpawner
 
     if not (site.get("slurm") or {}).get("home_root"):
-        raise RenderError("slurm.home_root is not set in the site config")
+        raise RenderError(_("slurm.home_root is not set in the site config"))
     config = apply_spawner_config(dict(site, backend="slurm"), Config())
     host = site["slurm"]["hub_host"]
     port = site["hub"]["api_port"]
@@ -58,14 +60,18 @@ def render(
     try:
         spawner.choice = spawner.parse_options()
     except web.HTTPError as e:
-        raise RenderError(e.log_message) from None
+        raise RenderError(refusal_text(e)) from None
     if credit is not None:
         try:
             amount = Decimal(credit)
         except InvalidOperation:
-            raise RenderError(f"--credit: not an amount: {credit!r}") from None
+            raise RenderError(
+                _("--credit: not an amount: %(credit)s", credit=repr(credit))
+            ) from None
         if not amount.is_finite() or amount < 0 or amount.as_tuple().exponent < -2:
-            raise RenderError(f"--credit: expected an amount like 12.50, got {credit!r}")
+            raise RenderError(
+                _("--credit: expected an amount like 12.50, got %(credit)s", credit=repr(credit))
+            )
         spawner.credit_seconds = seconds_covered(
             to_micros(amount), to_micros(spawner.choice.rate_per_hour)
         )

@@ -23,6 +23,7 @@ from meterhub.billing_hooks.money import (
 )
 from meterhub.billing_hooks.settings import BillingSettings, priced_catalog
 from meterhub.billing_hooks.wallets import period_phrase
+from meterhub.i18n import _
 from meterhub.spawner.catalog import Choice
 from meterhub.spawner.form import PayerOption, render_options_form
 from meterhub.spawner.options import group_names
@@ -32,8 +33,10 @@ def credit_annotation(available_micros: int, min_seconds: int):
     def annotate(choice: Choice) -> tuple[str, str]:
         rate = to_micros(choice.rate_per_hour)
         seconds = seconds_covered(available_micros, rate)
-        note = f"≈ {format_duration(seconds)} at this profile" if seconds is not None else ""
-        reason = "not enough credit" if available_micros < accrued(rate, min_seconds) else ""
+        note = ""
+        if seconds is not None:
+            note = _("≈ %(time)s at this profile", time=format_duration(seconds))
+        reason = _("not enough credit") if available_micros < accrued(rate, min_seconds) else ""
         return note, reason
 
     return annotate
@@ -56,23 +59,31 @@ def payer_options(ledger, user: str, balance: int, groups: set[str]) -> tuple[li
     """
     currency = ledger.currency
     own = f"user:{user}"
-    payers = [PayerOption(own, "Your wallet", format_money(balance, currency))]
+    payers = [PayerOption(own, _("Your wallet"), format_money(balance, currency))]
     available = {own: balance + ledger.overdraft_micros}
     for group in ledger.known_groups(groups):
         view = ledger.group(group)
         group_balance = ledger.balance(f"group:{group}") or 0
         allowance = ledger.member_allowance(group, user)
         left = group_available(group_balance, ledger.overdraft_micros, allowance)
-        detail = f"{format_money(max(0, left), currency)} to spend (group balance"
-        detail += f" {format_money(group_balance, currency)}"
-        if allowance.cap_micros is not None:
-            detail += (
-                f"; your cap {period_phrase(allowance.period)} leaves"
-                f" {format_money(max(0, allowance.left_micros or 0), currency)}"
+        values = {
+            "left": format_money(max(0, left), currency),
+            "balance": format_money(group_balance, currency),
+        }
+        if allowance.cap_micros is None:
+            detail = _("%(left)s to spend (group balance %(balance)s)", **values)
+        else:
+            detail = _(
+                "%(left)s to spend (group balance %(balance)s; your cap %(period)s leaves"
+                " %(cap_left)s)",
+                period=period_phrase(allowance.period),
+                cap_left=format_money(max(0, allowance.left_micros or 0), currency),
+                **values,
             )
-        detail += ")"
-        reason = "nothing left to spend" if left <= 0 else ""
-        payers.append(PayerOption(f"group:{view.name}", f"Group {view.name}", detail, reason))
+        reason = _("nothing left to spend") if left <= 0 else ""
+        payers.append(
+            PayerOption(f"group:{view.name}", _("Group %(name)s", name=view.name), detail, reason)
+        )
         available[f"group:{view.name}"] = left
     course_payers, course_default = course_options(ledger, user)
     for option, left in course_payers:
@@ -103,29 +114,39 @@ def course_options(ledger, user: str) -> tuple[list[tuple[PayerOption, int]], st
         left = max(0, state.left_micros)
         parts = []
         if state.amount_micros is None:
-            reason = "no allowance yet"
+            reason = _("no allowance yet")
         elif state.expired:
-            reason = "the allowance has ended"
+            reason = _("the allowance has ended")
         else:
-            reason = "" if left > 0 else "nothing left to spend"
-            period = "" if state.period == "total" else f" {period_phrase(state.period)}"
-            parts.append(
-                f"{format_money(left, currency)} of your"
-                f" {format_money(state.amount_micros, currency)} allowance{period} left"
-            )
+            reason = "" if left > 0 else _("nothing left to spend")
+            values = {
+                "left": format_money(left, currency),
+                "amount": format_money(state.amount_micros, currency),
+            }
+            if state.period == "total":
+                parts.append(_("%(left)s of your %(amount)s allowance left", **values))
+            else:
+                parts.append(
+                    _(
+                        "%(left)s of your %(amount)s allowance %(period)s left",
+                        period=period_phrase(state.period),
+                        **values,
+                    )
+                )
         if course is not None and course.profiles:
-            parts.append(f"pays for {', '.join(course.profiles.split())}")
+            parts.append(_("pays for %(profiles)s", profiles=", ".join(course.profiles.split())))
         if course is not None and course.windows:
             parts.append(lab_phrase(course, now))
             reserved = window_gpus(course)
             if reserved and labwindows.current(course.windows.splitlines(), course.timezone, now):
                 held = ", ".join(f"{n} {t}" for t, n in sorted(reserved.items()))
-                parts.append(f"{held} GPU(s) reserved for the class")
+                parts.append(_("%(held)s GPU(s) reserved for the class", held=held))
         if not reason and not default:
             default = name
-        options.append(
-            (PayerOption(f"course:{name}", f"Course {name}", "; ".join(parts), reason), left)
-        )
+        label = _("Course %(name)s", name=name)
+        # the parts are phrases of a list: "; " in English, "；" in Chinese
+        detail = _("; ").join(parts)
+        options.append((PayerOption(f"course:{name}", label, detail, reason), left))
     return options, default
 
 
@@ -148,7 +169,7 @@ async def options_form(spawner) -> str:
         availability,
         currency_symbol=CURRENCY_SYMBOLS.get(settings.currency, settings.currency + " "),
         annotate=credit_annotation(available, settings.min_seconds_to_start),
-        summary=f"Your balance: {format_money(balance, settings.currency)}",
+        summary=_("Your balance: %(balance)s", balance=format_money(balance, settings.currency)),
         groups=group_names(spawner.user),
         payers=payers,
         payer_checked=checked,

@@ -12,6 +12,7 @@ import shlex
 import signal
 import time
 
+from meterhub.i18n import _
 from meterhub.spawner import procs
 from meterhub.spawner.procs import Process, read_process
 
@@ -145,31 +146,49 @@ def server_stop_requested(data_dir: str, hub_pid: int) -> bool:
 def find_hub(data_dir: str) -> tuple[Process | None, str]:
     """The `meterhub serve` running for `data_dir`, or (None, why none does)."""
     path = pid_file_path(data_dir)
-    none = f"no meterhub serve runs for {data_dir}"
     try:
         pid = _read_pid(path)
         written_at = os.stat(path).st_mtime
     except FileNotFoundError:
-        return None, f"{none} (no {path})"
+        return None, _(
+            "no meterhub serve runs for %(data_dir)s (no %(path)s)", data_dir=data_dir, path=path
+        )
     except OSError as e:
         raise CliError(
-            f"cannot read {path}: {e.strerror} (run this as the user the hub runs as)"
+            _(
+                "cannot read %(path)s: %(error)s (run this as the user the hub runs as)",
+                path=path,
+                error=e.strerror,
+            )
         ) from None
-    stale = "a stale file, left alone: `meterhub serve` replaces it"
+    values = {"data_dir": data_dir, "path": path, "pid": pid}
     if pid is None:
-        return None, f"{none}: {path} holds no process id ({stale})"
+        return None, _(
+            "no meterhub serve runs for %(data_dir)s: %(path)s holds no process id (a stale"
+            " file, left alone: `meterhub serve` replaces it)",
+            **values,
+        )
     process = read_process(pid)
     if process is None or process.state in ("Z", "X"):
-        return None, f"{none}: {path} names pid {pid}, which is gone ({stale})"
+        return None, _(
+            "no meterhub serve runs for %(data_dir)s: %(path)s names pid %(pid)s, which is gone"
+            " (a stale file, left alone: `meterhub serve` replaces it)",
+            **values,
+        )
     if not is_meterhub_serve(process.argv):
-        return None, (
-            f"{none}: {path} names pid {pid}, which is now `{command(process)}`, not"
-            f" meterhub serve ({stale})"
+        return None, _(
+            "no meterhub serve runs for %(data_dir)s: %(path)s names pid %(pid)s, which is now"
+            " `%(command)s`, not meterhub serve (a stale file, left alone: `meterhub serve`"
+            " replaces it)",
+            command=command(process),
+            **values,
         )
     if process.started_at > written_at + START_SLACK_SECONDS:
-        return None, (
-            f"{none}: {path} names pid {pid}, a meterhub serve started after the file was"
-            f" written: another hub's ({stale})"
+        return None, _(
+            "no meterhub serve runs for %(data_dir)s: %(path)s names pid %(pid)s, a meterhub"
+            " serve started after the file was written: another hub's (a stale file, left"
+            " alone: `meterhub serve` replaces it)",
+            **values,
         )
     return process, ""
 
@@ -198,7 +217,11 @@ def _send(process: Process, sig: int, what: str) -> None:
         pass
     except PermissionError:
         raise StillRunning(
-            f"{what} (pid {process.pid}) runs as another user: run meterhub stop as that user"
+            _(
+                "%(what)s (pid %(pid)s) runs as another user: run meterhub stop as that user",
+                what=what,
+                pid=process.pid,
+            )
         ) from None
 
 
@@ -235,12 +258,16 @@ def _open_sessions(site: dict) -> str:
         ledger = BillingSettings(config=apply_config(site, Config())).ledger()
         left = len(ledger.open_sessions())
     except DBAPIError as e:
-        return f"billing: the ledger database did not answer ({e.orig}); sessions not checked"
+        return _(
+            "billing: the ledger database did not answer (%(error)s); sessions not checked",
+            error=e.orig,
+        )
     if not left:
-        return "billing: no session left open"
-    return (
-        f"billing: {left} session(s) still open: the hub could not settle them (see its"
-        " log); the meter closes them at their last sight when the hub runs again"
+        return _("billing: no session left open")
+    return _(
+        "billing: %(left)s session(s) still open: the hub could not settle them (see its"
+        " log); the meter closes them at their last sight when the hub runs again",
+        left=left,
     )
 
 
@@ -251,57 +278,94 @@ def stop(site: dict, servers: bool, timeout: float, force: bool, say=print) -> i
     if hub is None:
         proxy = find_proxy(data_dir)
         if proxy is not None:
-            why += (
-                f"; a proxy from an earlier run still runs as pid {proxy.pid}, and the next"
-                " meterhub serve stops it"
+            why = _(
+                "%(why)s; a proxy from an earlier run still runs as pid %(pid)s, and the next"
+                " meterhub serve stops it",
+                why=why,
+                pid=proxy.pid,
             )
         raise NothingRuns(why)
-    helpers = [("proxy", p) for p in [find_proxy(data_dir)] if p is not None]
-    helpers += [("billing service", p) for p in children(hub.pid) if is_billing_service(p.argv)]
+    helpers = [(_("proxy"), p) for p in [find_proxy(data_dir)] if p is not None]
+    helpers += [(_("billing service"), p) for p in children(hub.pid) if is_billing_service(p.argv)]
     before = _running_servers(site)
     if servers:
         try:
             request_server_stop(data_dir, hub.pid)
         except OSError as e:
-            raise CliError(f"cannot write {stop_servers_path(data_dir)}: {e.strerror}") from None
+            raise CliError(
+                _(
+                    "cannot write %(path)s: %(error)s",
+                    path=stop_servers_path(data_dir),
+                    error=e.strerror,
+                )
+            ) from None
     started = time.monotonic()
-    _send(hub, signal.SIGTERM, "the hub")
-    then = "stops users' servers and settles their billing, then exits"
-    say(f"hub (pid {hub.pid}): SIGTERM sent; it {then if servers else 'exits'}")
-    if _wait_gone(hub, timeout):
-        say(f"hub (pid {hub.pid}): stopped after {time.monotonic() - started:.1f} s")
-    elif not force:
-        raise StillRunning(
-            f"hub (pid {hub.pid}) still runs after {timeout:g} s; not killed: wait and run"
-            " meterhub stop again, or add --force to SIGKILL it"
+    _send(hub, signal.SIGTERM, _("the hub"))
+    if servers:
+        say(
+            _(
+                "hub (pid %(pid)s): SIGTERM sent; it stops users' servers and settles their"
+                " billing, then exits",
+                pid=hub.pid,
+            )
         )
     else:
-        _send(hub, signal.SIGKILL, "the hub")
+        say(_("hub (pid %(pid)s): SIGTERM sent; it exits", pid=hub.pid))
+    if _wait_gone(hub, timeout):
+        say(
+            _(
+                "hub (pid %(pid)s): stopped after %(seconds)s s",
+                pid=hub.pid,
+                seconds=format(time.monotonic() - started, ".1f"),
+            )
+        )
+    elif not force:
+        raise StillRunning(
+            _(
+                "hub (pid %(pid)s) still runs after %(timeout)s s; not killed: wait and run"
+                " meterhub stop again, or add --force to SIGKILL it",
+                pid=hub.pid,
+                timeout=format(timeout, "g"),
+            )
+        )
+    else:
+        _send(hub, signal.SIGKILL, _("the hub"))
         if not _wait_gone(hub, KILL_WAIT_SECONDS):
-            raise StillRunning(f"hub (pid {hub.pid}) survived SIGKILL")
-        say(f"hub (pid {hub.pid}): still running after {timeout:g} s; killed (SIGKILL)")
+            raise StillRunning(_("hub (pid %(pid)s) survived SIGKILL", pid=hub.pid))
+        say(
+            _(
+                "hub (pid %(pid)s): still running after %(timeout)s s; killed (SIGKILL)",
+                pid=hub.pid,
+                timeout=format(timeout, "g"),
+            )
+        )
     # a clean exit removed both; a killed hub left them, naming a process that is gone
     remove_if_names(pid_file_path(data_dir), hub.pid)
     remove_if_names(stop_servers_path(data_dir), hub.pid)
 
     failures = []
     for what, process in helpers:
+        named = {"what": what, "pid": process.pid}
         if not alive(process):
-            say(f"{what} (pid {process.pid}): stopped with the hub")
+            say(_("%(what)s (pid %(pid)s): stopped with the hub", **named))
             continue
         _send(process, signal.SIGTERM, what)
         if _wait_gone(process, timeout):
-            say(f"{what} (pid {process.pid}): outlived the hub; stopped it (SIGTERM)")
+            say(_("%(what)s (pid %(pid)s): outlived the hub; stopped it (SIGTERM)", **named))
         elif force:
             _send(process, signal.SIGKILL, what)
             if _wait_gone(process, KILL_WAIT_SECONDS):
-                say(f"{what} (pid {process.pid}): outlived the hub; killed it (SIGKILL)")
+                say(_("%(what)s (pid %(pid)s): outlived the hub; killed it (SIGKILL)", **named))
             else:
-                failures.append(f"{what} (pid {process.pid}) survived SIGKILL")
+                failures.append(_("%(what)s (pid %(pid)s) survived SIGKILL", **named))
         else:
             failures.append(
-                f"{what} (pid {process.pid}) outlived the hub and still runs after SIGTERM"
-                f" and {timeout:g} s; not killed (add --force)"
+                _(
+                    "%(what)s (pid %(pid)s) outlived the hub and still runs after SIGTERM and"
+                    " %(timeout)s s; not killed (add --force)",
+                    timeout=format(timeout, "g"),
+                    **named,
+                )
             )
 
     after = _running_servers(site)
@@ -309,19 +373,28 @@ def stop(site: dict, servers: bool, timeout: float, force: bool, say=print) -> i
         pass  # not on this machine: the hub stopped them (--servers) or left them running
     elif servers and after:
         failures.append(
-            f"{len(after)} user server(s) still run ({', '.join(after)}); the next meterhub"
-            " serve adopts or stops them"
+            _(
+                "%(count)s user server(s) still run (%(owners)s); the next meterhub serve adopts"
+                " or stops them",
+                count=len(after),
+                owners=", ".join(after),
+            )
         )
     elif servers:
-        say(f"users' servers: {len(before or [])} stopped with the hub")
+        say(_("users' servers: %(count)s stopped with the hub", count=len(before or [])))
     elif after:
-        say(f"users' servers: {len(after)} left running; the next meterhub serve adopts them")
+        say(
+            _(
+                "users' servers: %(count)s left running; the next meterhub serve adopts them",
+                count=len(after),
+            )
+        )
     else:
-        say("users' servers: none were running")
+        say(_("users' servers: none were running"))
     if servers:
         say(_open_sessions(site))
     if failures:
-        raise StillRunning("; ".join(failures))
+        raise StillRunning(_("; ").join(failures))
     return 0
 
 
@@ -333,7 +406,9 @@ def _positive_seconds(text: str) -> float:
     except ValueError:
         seconds = 0.0
     if not 0 < seconds <= 86400:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds (0 < s ≤ 86400)")
+        raise argparse.ArgumentTypeError(
+            _("%(text)s is not a number of seconds (0 < s ≤ 86400)", text=repr(text))
+        )
     return seconds
 
 

@@ -13,6 +13,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from contextlib import closing, contextmanager
 from datetime import UTC, datetime
 
+from meterhub.i18n import _
+
 from .catalog import GPU_COUNTS, GPU_TYPES, GpuType
 from .inventory import Gpu
 
@@ -106,11 +108,8 @@ class GpuAllocator:
                 known = self.gpu_types.get(gpu_type)
                 name = known.display_name if known else gpu_type
                 raise NotEnoughGpus(
-                    _shortage_message(name, count, max(0, len(free) - held_back), len(of_type))
-                    + (
-                        f" ({held_back} reserved for pass holders or a lab class)"
-                        if held_back
-                        else ""
+                    _shortage_message(
+                        name, count, max(0, len(free) - held_back), len(of_type), held_back
                     )
                 )
             chosen = free[:count]
@@ -184,13 +183,42 @@ class GpuAllocator:
         return released
 
 
-def _shortage_message(name: str, wanted: int, free: int, total: int) -> str:
+def _shortage_message(name: str, wanted: int, free: int, total: int, held_back: int = 0) -> str:
+    """Why `wanted` GPUs of `name` cannot be had, one whole sentence per case; `held_back`:
+    how many of the free ones are reserved for others."""
+    values = {"gpu": name, "wanted": wanted, "free": free, "total": total, "held": held_back}
     if total == 0:
-        return f"This machine has no {name} GPUs. Choose another profile or debug mode."
+        if held_back:
+            return _(
+                "This machine has no %(gpu)s GPUs. Choose another profile or debug mode."
+                " (%(held)s reserved for pass holders or a lab class)",
+                **values,
+            )
+        return _(
+            "This machine has no %(gpu)s GPUs. Choose another profile or debug mode.", **values
+        )
     if free == 0:
-        return f"All {total} {name} GPUs are in use; {wanted} requested. Try again later or choose debug mode."
-    fits = max(count for count in GPU_COUNTS if count <= free)
-    return (
-        f"Only {free} of {total} {name} GPUs are free now; {wanted} requested. "
-        f"Ask for {fits} or fewer, or try again later."
+        if held_back:
+            return _(
+                "All %(total)s %(gpu)s GPUs are in use; %(wanted)s requested. Try again later or"
+                " choose debug mode. (%(held)s reserved for pass holders or a lab class)",
+                **values,
+            )
+        return _(
+            "All %(total)s %(gpu)s GPUs are in use; %(wanted)s requested. Try again later or"
+            " choose debug mode.",
+            **values,
+        )
+    values["fits"] = max(count for count in GPU_COUNTS if count <= free)
+    if held_back:
+        return _(
+            "Only %(free)s of %(total)s %(gpu)s GPUs are free now; %(wanted)s requested. Ask for"
+            " %(fits)s or fewer, or try again later. (%(held)s reserved for pass holders or a lab"
+            " class)",
+            **values,
+        )
+    return _(
+        "Only %(free)s of %(total)s %(gpu)s GPUs are free now; %(wanted)s requested. Ask for"
+        " %(fits)s or fewer, or try again later.",
+        **values,
     )

@@ -11,6 +11,8 @@ from __future__ import annotations
 import re
 from decimal import Decimal
 
+from meterhub.i18n import _
+
 _AMOUNT = re.compile(r"(?P<sign>[-+]?)(?P<digits>0|[1-9][0-9]{0,11})(?:\.(?P<cents>[0-9]{1,2}))?\Z")
 
 
@@ -37,17 +39,48 @@ def parse_decimal(
         value = repr(value) if isinstance(value, float) else str(value)
     if not isinstance(value, str):
         raise AmountError(
-            f"{where}: expected an amount as a string like {example!r}, got {value!r}"
+            _(
+                "%(where)s: expected an amount as a string like %(example)s, got %(got)s",
+                where=where,
+                example=repr(example),
+                got=repr(value),
+            )
         )
     match = _AMOUNT.match(value)
     if match is None or (match["sign"] == "+") or (match["sign"] == "-" and not signed):
-        raise AmountError(
-            f"{where}: expected an amount like {example!r} (ASCII digits, at most two"
-            f" decimals{', an optional minus sign' if signed else ''}), got {value!r}"
-        )
+        if signed:
+            message = _(
+                "%(where)s: expected an amount like %(example)s (ASCII digits, at most two"
+                " decimals, an optional minus sign), got %(got)s",
+                where=where,
+                example=repr(example),
+                got=repr(value),
+            )
+        else:
+            message = _(
+                "%(where)s: expected an amount like %(example)s (ASCII digits, at most two"
+                " decimals), got %(got)s",
+                where=where,
+                example=repr(example),
+                got=repr(value),
+            )
+        raise AmountError(message)
     amount = Decimal(value).quantize(Decimal("0.01"))
+    if amount == 0 and signed:
+        raise AmountError(
+            _("%(where)s: must be non-zero, got %(got)s", where=where, got=repr(value))
+        )
     if amount == 0 or (amount < 0 and not signed):
-        raise AmountError(f"{where}: must be {'non-zero' if signed else 'positive'}, got {value!r}")
+        raise AmountError(
+            _("%(where)s: must be positive, got %(got)s", where=where, got=repr(value))
+        )
     if maximum is not None and abs(amount) >= maximum:
-        raise AmountError(f"{where}: must be below {maximum}, got {value!r}")
+        raise AmountError(
+            _(
+                "%(where)s: must be below %(max)s, got %(got)s",
+                where=where,
+                max=maximum,
+                got=repr(value),
+            )
+        )
     return amount

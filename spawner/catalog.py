@@ -13,12 +13,17 @@ from decimal import ROUND_HALF_UP, Decimal
 from traitlets import Dict, Int, List, TraitError, Unicode, validate
 from traitlets.config import LoggingConfigurable
 
+from meterhub.i18n import N_, _
+
 from .amounts import AmountError, parse_decimal
 
 #: GPU counts a profile may ask for.
 GPU_COUNTS: tuple[int, ...] = (1, 2, 4, 8)
 
 DEBUG = "debug"
+#: how people read debug mode: its profile's name, and a choice of it (the spawn page's label)
+DEBUG_NAME = N_("Debug mode")
+DEBUG_LABEL = N_("debug mode (no GPU)")
 
 
 class InvalidChoice(ValueError):
@@ -245,7 +250,7 @@ def _check_gpu_type(gpu_type: GpuType, key: str) -> None:
             )
 
 
-assert {f.name for f in fields(GpuType)} == {"slug"} | {f for f, _ in GPU_TYPE_FIELDS.values()}
+assert {f.name for f in fields(GpuType)} == {"slug"} | {f for f, _k in GPU_TYPE_FIELDS.values()}
 
 
 @dataclass(frozen=True)
@@ -326,7 +331,8 @@ class Choice:
     @property
     def label(self) -> str:
         if self.profile.is_debug:
-            return "debug mode (no GPU)"
+            return _(DEBUG_LABEL)
+        # "1 × A800" reads the same in every language
         return f"{self.gpus} × {self.profile.display_name}"
 
 
@@ -465,9 +471,10 @@ class Catalog(LoggingConfigurable):
         """Why a member of `groups` may not use `profile` at all, or "" when allowed."""
         allowed = self.allowed_groups.get(profile.slug)
         if allowed and not self._in_any(allowed, groups):
-            return (
-                f"{profile.display_name} is limited to the groups"
-                f" {', '.join(sorted(allowed))}, and you are in none of them"
+            return _(
+                "%(profile)s is limited to the groups %(groups)s, and you are in none of them",
+                profile=profile.display_name,
+                groups=", ".join(sorted(allowed)),
             )
         return ""
 
@@ -483,9 +490,10 @@ class Catalog(LoggingConfigurable):
             return refusal
         allowed = self.allowed_groups_by_count.get(choice.profile.slug, {}).get(str(choice.gpus))
         if allowed and not self._in_any(allowed, groups):
-            return (
-                f"{choice.label} is limited to the groups {', '.join(sorted(allowed))},"
-                " and you are in none of them"
+            return _(
+                "%(profile)s is limited to the groups %(groups)s, and you are in none of them",
+                profile=choice.label,
+                groups=", ".join(sorted(allowed)),
             )
         return ""
 
@@ -494,12 +502,24 @@ class Catalog(LoggingConfigurable):
         profile = self.profiles().get(slug)
         if profile is None or profile.is_debug:
             raise InvalidChoice(
-                f"Passes are for GPU profiles ({', '.join(self.slugs()[1:])}), not {slug!r}"
+                _(
+                    "Passes are for GPU profiles (%(profiles)s), not %(profile)s",
+                    profiles=", ".join(self.slugs()[1:]),
+                    profile=repr(slug),
+                )
             )
         if period not in PASS_PERIODS:
-            raise InvalidChoice(f"Unknown period {period!r}; choose {', '.join(PASS_PERIODS)}")
+            raise InvalidChoice(
+                _(
+                    "Unknown period %(period)s; choose %(periods)s",
+                    period=repr(period),
+                    periods=", ".join(PASS_PERIODS),
+                )
+            )
         if gpus not in profile.counts:
-            raise InvalidChoice(f"'gpus' must be one of {', '.join(map(str, profile.counts))}")
+            raise InvalidChoice(
+                _("'gpus' must be one of %(counts)s", counts=", ".join(map(str, profile.counts)))
+            )
         configured = self.pass_prices.get(slug, {}).get(period)
         if configured is not None:
             per_gpu = parse_price(configured, f"profiles.{slug}.passes.{period}")
@@ -521,7 +541,7 @@ class Catalog(LoggingConfigurable):
         profiles = {
             DEBUG: Profile(
                 DEBUG,
-                "Debug mode",
+                _(DEBUG_NAME),
                 None,
                 parse_price(self.prices.get(DEBUG, DEBUG_PRICE_PER_HOUR), "profiles.debug"),
                 (),
@@ -547,32 +567,58 @@ class Catalog(LoggingConfigurable):
         """
         if not user_options:
             raise InvalidChoice(
-                f"Choose a profile: {{'profile': one of {', '.join(self.slugs())}}}"
+                _(
+                    "Choose a profile: {'profile': one of %(profiles)s}",
+                    profiles=", ".join(self.slugs()),
+                )
             )
         if not isinstance(user_options, dict):
-            raise InvalidChoice("user options must be an object")
+            raise InvalidChoice(_("user options must be an object"))
         allowed = {"profile", "gpus", *CAP_OPTIONS, *self.extra_options}
         unknown = set(user_options) - allowed
         if unknown:
             raise InvalidChoice(
-                f"Unknown option {sorted(unknown)[0]!r}; allowed options are"
-                f" {', '.join(repr(k) for k in sorted(allowed))}"
+                _(
+                    "Unknown option %(option)s; allowed options are %(allowed)s",
+                    option=repr(sorted(unknown)[0]),
+                    allowed=", ".join(repr(k) for k in sorted(allowed)),
+                )
             )
         slug = user_options.get("profile")
         profiles = self.profiles()
         if not isinstance(slug, str) or slug not in profiles:
-            raise InvalidChoice(f"Unknown profile {slug!r}; choose one of: {', '.join(profiles)}")
+            raise InvalidChoice(
+                _(
+                    "Unknown profile %(profile)s; choose one of: %(profiles)s",
+                    profile=repr(slug),
+                    profiles=", ".join(profiles),
+                )
+            )
         profile = profiles[slug]
         max_cost, max_hours = session_caps(user_options)
         raw_gpus = user_options.get("gpus")
         if profile.is_debug:
             if raw_gpus not in (None, "", "0", 0):
-                raise InvalidChoice("Debug mode has no GPUs; leave out 'gpus'")
+                raise InvalidChoice(_("Debug mode has no GPUs; leave out 'gpus'"))
             return Choice(profile, 0, max_cost=max_cost, max_hours=max_hours)
         counts = ", ".join(map(str, profile.counts))
         if raw_gpus is None:
-            raise InvalidChoice(f"Profile {slug!r} needs 'gpus': one of {counts}")
-        gpus = _whole_number(raw_gpus, profile.counts, f"'gpus' must be one of {counts}")
+            raise InvalidChoice(
+                _(
+                    "Profile %(profile)s needs 'gpus': one of %(counts)s",
+                    profile=repr(slug),
+                    counts=counts,
+                )
+            )
+        gpus = _whole_number(raw_gpus, profile.counts)
+        if gpus is None:
+            raise InvalidChoice(
+                _(
+                    "'gpus' must be one of %(counts)s, got %(got)s",
+                    counts=counts,
+                    got=repr(raw_gpus),
+                )
+            )
         return Choice(profile, gpus, max_cost=max_cost, max_hours=max_hours)
 
     def idle(self, slug: str) -> IdlePolicy:
@@ -633,17 +679,21 @@ def session_caps(user_options: dict) -> tuple[Decimal | None, int | None]:
     raw_hours = user_options.get("max_hours")
     hours = None
     if raw_hours not in (None, ""):
-        hours = _whole_number(
-            raw_hours,
-            range(1, MAX_HOURS + 1),
-            f"max_hours: expected a whole number of hours from 1 to {MAX_HOURS}",
-        )
+        hours = _whole_number(raw_hours, range(1, MAX_HOURS + 1))
+        if hours is None:
+            raise InvalidChoice(
+                _(
+                    "max_hours: expected a whole number of hours from 1 to %(max)s, got %(got)s",
+                    max=MAX_HOURS,
+                    got=repr(raw_hours),
+                )
+            )
     return cost, hours
 
 
-def _whole_number(raw: object, allowed: Collection[int], expected: str) -> int:
+def _whole_number(raw: object, allowed: Collection[int]) -> int | None:
     """`raw` as a whole number in `allowed`: an int, or a string of ASCII digits without
-    sign, spaces or leading zeros. Anything else: InvalidChoice "`expected`, got `raw`"."""
+    sign, spaces or leading zeros. Anything else: None (the caller says what it expected)."""
     text = str(raw) if isinstance(raw, (int, str)) and not isinstance(raw, bool) else None
     if (
         text is None
@@ -652,7 +702,7 @@ def _whole_number(raw: object, allowed: Collection[int], expected: str) -> int:
         or text != str(int(text))
         or int(text) not in allowed
     ):
-        raise InvalidChoice(f"{expected}, got {raw!r}")
+        return None
     return int(text)
 
 

@@ -28,6 +28,8 @@ import tarfile
 import threading
 import time
 
+from meterhub.i18n import _
+
 #: an archive's file name: when, then what for
 ARCHIVE_NAME = re.compile(r"^[0-9]{8}T[0-9]{6}Z-[a-z0-9._-]{1,80}\.tar\.gz\Z")
 
@@ -67,7 +69,9 @@ def archive_disk(disk: str, archive_dir: str, label: str, now: datetime.datetime
     name = f"{now:%Y%m%dT%H%M%S}Z-{label}.tar.gz"
     path = os.path.join(archive_dir, name)
     if os.path.exists(path):
-        raise ArchiveError(f"an archive named {name} exists already; try again in a second")
+        raise ArchiveError(
+            _("an archive named %(name)s exists already; try again in a second", name=name)
+        )
     _write_tar(disk, path)
     return name
 
@@ -145,7 +149,13 @@ def restore_disk(disk: str, archive_path: str, run_as: tuple[int, int] | None) -
         with tarfile.open(archive_path, mode="r:gz") as tar:
             tar.extractall(disk, filter=_inside)
     except (tarfile.TarError, OSError) as e:
-        raise ArchiveError(f"cannot restore {os.path.basename(archive_path)}: {e}") from None
+        raise ArchiveError(
+            _(
+                "cannot restore %(archive)s: %(error)s",
+                archive=os.path.basename(archive_path),
+                error=e,
+            )
+        ) from None
     if run_as is None:
         return
     for relative in _walk(disk):  # not os.walk: it recurses (a deep disk ends it)
@@ -201,12 +211,18 @@ def archived(folder: str) -> Archived | None:
     except FileNotFoundError:
         return None
     except OSError as e:
-        raise ArchiveError(f"cannot read the archive marker {path}: {e.strerror}") from None
+        raise ArchiveError(
+            _("cannot read the archive marker %(path)s: %(error)s", path=path, error=e.strerror)
+        ) from None
     try:
         return Archived.from_json(text)
     except (ValueError, KeyError, TypeError) as e:
         raise ArchiveError(
-            f"the archive marker {path} is damaged ({e}); see docs/idle.md"
+            _(
+                "the archive marker %(path)s is damaged (%(error)s); see docs/idle.md",
+                path=path,
+                error=e,
+            )
         ) from None
 
 
@@ -220,7 +236,13 @@ def read_checksum(archive_path: str) -> str:
         with open(checksum_path(archive_path)) as f:
             words = f.read(200).split()
     except OSError as e:
-        raise ArchiveError(f"cannot read the checksum of {archive_path}: {e.strerror}") from None
+        raise ArchiveError(
+            _(
+                "cannot read the checksum of %(archive)s: %(error)s",
+                archive=archive_path,
+                error=e.strerror,
+            )
+        ) from None
     return words[0] if words else ""
 
 
@@ -237,12 +259,20 @@ def verify_checksum(archive_path: str, expected: str) -> None:
     try:
         found = file_sha256(archive_path)
     except OSError as e:
-        raise ArchiveError(f"cannot read {archive_path}: {e.strerror}") from None
+        raise ArchiveError(
+            _("cannot read %(archive)s: %(error)s", archive=archive_path, error=e.strerror)
+        ) from None
     if found != expected:
         raise ArchiveError(
-            f"the archive {os.path.basename(archive_path)} does not match its checksum"
-            f" (expected {expected[:12]}…, found {found[:12]}…): it is damaged, and nothing"
-            f" was restored; it is kept in {os.path.dirname(archive_path)}"
+            _(
+                "the archive %(archive)s does not match its checksum (expected %(expected)s…,"
+                " found %(found)s…): it is damaged, and nothing was restored; it is kept in"
+                " %(folder)s",
+                archive=os.path.basename(archive_path),
+                expected=expected[:12],
+                found=found[:12],
+                folder=os.path.dirname(archive_path),
+            )
         )
 
 
@@ -320,16 +350,23 @@ def _write_tar(disk: str, path: str) -> _Written:
         with open(partial, "rb") as raw:
             reader = _HashingReader(raw)
             with tarfile.open(fileobj=reader, mode="r|gz") as tar:
-                found = sum(1 for _ in tar)
+                found = sum(1 for _member in tar)
             while reader.read(CHUNK):
                 pass
         if found != added:
-            raise ArchiveError(f"the archive of {disk} reads back {found} of {added} entries")
+            raise ArchiveError(
+                _(
+                    "the archive of %(disk)s reads back %(found)s of %(added)s entries",
+                    disk=disk,
+                    found=found,
+                    added=added,
+                )
+            )
         os.replace(partial, path)
         _fsync_dir(os.path.dirname(path))
     except (OSError, tarfile.TarError) as e:
         _unlink_if_there(partial)
-        raise ArchiveError(f"cannot archive {disk}: {e}") from None
+        raise ArchiveError(_("cannot archive %(disk)s: %(error)s", disk=disk, error=e)) from None
     except BaseException:
         _unlink_if_there(partial)
         raise
@@ -353,7 +390,7 @@ def archive_idle(disk: str, folder: str, now: datetime.datetime) -> Archived:
     The caller holds the disk's lock and has checked that no server uses the disk. Until
     the marker is written nothing is removed: a failure leaves the disk as it was."""
     if archived(folder) is not None:
-        raise ArchiveError(f"{disk} is archived already")
+        raise ArchiveError(_("%(disk)s is archived already", disk=disk))
     os.makedirs(folder, mode=0o700, exist_ok=True)
     os.chmod(folder, 0o700)
     for leftover in os.listdir(folder):
@@ -362,7 +399,9 @@ def archive_idle(disk: str, folder: str, now: datetime.datetime) -> Archived:
     name = f"{now:%Y%m%dT%H%M%S}Z-{IDLE_LABEL}.tar.gz"
     path = os.path.join(folder, name)
     if os.path.exists(path):
-        raise ArchiveError(f"an archive named {name} exists already; try again in a second")
+        raise ArchiveError(
+            _("an archive named %(name)s exists already; try again in a second", name=name)
+        )
     written = _write_tar(disk, path)
     _write_durably(checksum_path(path), f"{written.sha256}  {name}\n")
     marker = Archived(
@@ -382,7 +421,14 @@ def archive_idle(disk: str, folder: str, now: datetime.datetime) -> Archived:
         empty_disk(disk)
     except OSError as e:
         # the marker stands: the next start restores the archive over what is left
-        raise ArchiveError(f"archived {disk} as {name}, but could not empty it: {e}") from None
+        raise ArchiveError(
+            _(
+                "archived %(disk)s as %(name)s, but could not empty it: %(error)s",
+                disk=disk,
+                name=name,
+                error=e,
+            )
+        ) from None
     forget_size(disk)
     return marker
 
@@ -425,23 +471,23 @@ def _member_problem(
     name = member.name
     parts = name.split("/")
     if name.startswith("/") or not name or ".." in parts:
-        return "an absolute path or `..`"
+        return _("an absolute path or `..`")
     normal = os.path.normpath(name)
     if normal in seen:
-        return "a second entry of one name"
+        return _("a second entry of one name")
     steps = normal.split("/")
     if any("/".join(steps[:i]) in links for i in range(1, len(steps))):
-        return "a path through a link"
+        return _("a path through a link")
     if member.islnk():
         target = member.linkname
         if target.startswith("/") or ".." in target.split("/") or target not in seen:
-            return "a hard link to something outside the archive"
+            return _("a hard link to something outside the archive")
         if os.path.normpath(target) not in files:
             # a hard link to a symlink: extracting it as root would chown and chmod the
             # symlink's target, wherever it is
-            return "a hard link to something that is not a file of the archive"
+            return _("a hard link to something that is not a file of the archive")
     elif not (member.isreg() or member.isdir() or member.issym()):
-        return "a device file or pipe"
+        return _("a device file or pipe")
     return ""
 
 
@@ -457,7 +503,13 @@ def _checked_members(tar: tarfile.TarFile) -> list[tarfile.TarInfo]:
     for member in members:
         problem = _member_problem(member, seen, links, files)
         if problem:
-            raise ArchiveError(f"refused: member {member.name[:200]!r} is {problem}")
+            raise ArchiveError(
+                _(
+                    "refused: member %(member)s is %(problem)s",
+                    member=repr(member.name[:200]),
+                    problem=problem,
+                )
+            )
         seen.add(os.path.normpath(member.name))
         if member.issym():
             links.add(os.path.normpath(member.name))
@@ -485,7 +537,13 @@ def restore_idle(disk: str, folder: str, run_as: tuple[int, int] | None) -> Arch
         return None
     path = os.path.join(folder, marker.archive)
     if not os.path.isfile(path):
-        raise ArchiveError(f"the archive {marker.archive} of this disk is missing from {folder}")
+        raise ArchiveError(
+            _(
+                "the archive %(archive)s of this disk is missing from %(folder)s",
+                archive=marker.archive,
+                folder=folder,
+            )
+        )
     verify_checksum(path, marker.sha256)
     if not os.path.isdir(disk):
         os.makedirs(disk, mode=0o700)
@@ -502,7 +560,9 @@ def restore_idle(disk: str, folder: str, run_as: tuple[int, int] | None) -> Arch
         empty_disk(disk)  # a half-restored disk: the archive is still whole, and still marked
         if isinstance(e, ArchiveError):
             raise
-        raise ArchiveError(f"cannot restore {marker.archive}: {e}") from None
+        raise ArchiveError(
+            _("cannot restore %(archive)s: %(error)s", archive=marker.archive, error=e)
+        ) from None
     os.unlink(os.path.join(folder, MARKER))
     _fsync_dir(folder)
     forget_size(disk)
@@ -553,7 +613,7 @@ class DiskLock:
 
     def __enter__(self) -> DiskLock:
         if not self.acquire():
-            raise ArchiveBusy("the disk is being archived, restored or started right now")
+            raise ArchiveBusy(_("the disk is being archived, restored or started right now"))
         return self
 
     def __exit__(self, *exc) -> None:

@@ -11,6 +11,9 @@ from decimal import Decimal
 from pathlib import Path
 
 from jinja2 import Environment, select_autoescape
+from markupsafe import Markup, escape
+
+from meterhub.i18n import _
 
 from .catalog import MAX_HOURS, Catalog, Choice, Profile
 from .options import nothing_allowed
@@ -23,7 +26,16 @@ def _no_annotation(choice: Choice) -> tuple[str, str]:
     return "", ""
 
 
+def _fill(message: str, **fields: Markup) -> Markup:
+    """A translated sentence with form fields inside it: `{{ _("after %(amount)s spent") |
+    fill(amount=field) }}`, the sentence escaped, the fields (Markup) put in as they are."""
+    return Markup(escape(message)) % fields
+
+
 _env = Environment(autoescape=select_autoescape(default=True), trim_blocks=True, lstrip_blocks=True)
+# the language of the moment at each render (the request's), never at import
+_env.globals["_"] = _
+_env.filters["fill"] = _fill
 _template = _env.from_string((Path(__file__).parent / "options_form.html").read_text())
 
 
@@ -81,16 +93,18 @@ def profile_options(
             choice = Choice(profile, count)
             note, reason = annotate(choice)
             if free is not None and count > free:
-                reason = f"only {free} free" if free else "none free"
+                reason = _("only %(free)s free", free=free) if free else _("none free")
             reason = _not_allowed(catalog, choice, groups) or reason
             counts.append(CountOption(count, profile.price_per_hour * count, reason, note))
         if catalog.profile_refusal(profile, groups):
             only = ", ".join(sorted(catalog.allowed_groups[profile.slug], key=str.casefold))
-            reason = f"Not allowed for your group (only for {only})"
+            reason = _("Not allowed for your group (only for %(groups)s)", groups=only)
         elif total == 0:
-            reason = f"No {profile.display_name} on this machine"
+            reason = _("No %(gpu)s on this machine", gpu=profile.display_name)
         elif free == 0:
-            reason = f"All {total} {profile.display_name} GPUs are in use"
+            reason = _(
+                "All %(total)s %(gpu)s GPUs are in use", total=total, gpu=profile.display_name
+            )
         elif all(c.disabled_reason for c in counts):
             reason = counts[0].disabled_reason.capitalize()
         else:
@@ -100,7 +114,7 @@ def profile_options(
 
 
 def _not_allowed(catalog: Catalog, choice: Choice, groups: frozenset[str]) -> str:
-    return "not allowed for your group" if catalog.refusal(choice, groups) else ""
+    return _("not allowed for your group") if catalog.refusal(choice, groups) else ""
 
 
 def render_options_form(

@@ -20,6 +20,8 @@ from kubespawner.objects import make_pvc
 from traitlets import Bool, Dict, List, Unicode, default
 from traitlets.config import Config
 
+from meterhub.i18n import _
+
 from .catalog import Catalog, Choice
 from .options import CatalogOptions, SharedGroup, group_names, shared_folder_groups
 
@@ -390,7 +392,7 @@ class KubeGPUSpawner(CatalogOptions, KubeSpawner):
             pvc = self.get_group_pvc_manifest(group)
             await exponential_backoff(
                 partial(self._make_create_pvc_request, pvc, self.k8s_api_request_timeout),
-                f"Could not create the shared-folder claim {pvc.metadata.name}",
+                _("Could not create the shared-folder claim %(claim)s", claim=pvc.metadata.name),
                 timeout=self.k8s_api_request_retry_timeout,
             )
 
@@ -506,8 +508,10 @@ def profile_list_for(spawner: KubeGPUSpawner, catalog: Catalog, groups) -> list[
             profiles.append(
                 {
                     "slug": profile.slug,
-                    "display_name": "Debug mode",
-                    "description": f"No GPU, same disk · {profile.price_per_hour} per hour",
+                    "display_name": profile.display_name,
+                    "description": _(
+                        "No GPU, same disk · %(price)s per hour", price=profile.price_per_hour
+                    ),
                     "kubespawner_override": spawner.choice_override(choice),
                 }
             )
@@ -519,7 +523,11 @@ def profile_list_for(spawner: KubeGPUSpawner, catalog: Catalog, groups) -> list[
             if catalog.refusal(choice, groups):
                 continue
             choices[str(count)] = {
-                "display_name": f"{choice.label} · {profile.price_per_hour * count} per hour",
+                "display_name": _(
+                    "%(label)s · %(price)s per hour",
+                    label=choice.label,
+                    price=profile.price_per_hour * count,
+                ),
                 "kubespawner_override": spawner.choice_override(choice),
             }
         if not choices:
@@ -528,10 +536,12 @@ def profile_list_for(spawner: KubeGPUSpawner, catalog: Catalog, groups) -> list[
             {
                 "slug": profile.slug,
                 "display_name": profile.display_name,
-                "description": (
-                    f"{gpu_type.vram_gb} GB per GPU · {profile.price_per_hour} per GPU-hour"
+                "description": _(
+                    "%(vram)s GB per GPU · %(price)s per GPU-hour",
+                    vram=gpu_type.vram_gb,
+                    price=profile.price_per_hour,
                 ),
-                "profile_options": {"gpus": {"display_name": "GPUs", "choices": choices}},
+                "profile_options": {"gpus": {"display_name": _("GPUs"), "choices": choices}},
             }
         )
     return profiles

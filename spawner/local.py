@@ -36,6 +36,8 @@ from jupyterhub.utils import maybe_future, random_port
 from tornado import web
 from traitlets import Any, Bool, Dict, Enum, Float, Int, List, Unicode, default
 
+from meterhub.i18n import N_, _
+
 from . import cgroups, disk_archive, procs
 from .allocator import GpuAllocator, NotEnoughGpus
 from .catalog import Choice, GpuType, InvalidChoice
@@ -83,7 +85,7 @@ def environment_paths(prefix: str) -> list[str]:
     try:
         with open(os.path.join(prefix, "pyvenv.cfg")) as f:
             for line in f:
-                key, _, value = line.partition("=")
+                key, _sep, value = line.partition("=")
                 if key.strip() == "home":
                     candidates.append(os.path.dirname(value.strip()))
     except FileNotFoundError:
@@ -910,9 +912,11 @@ class LocalGPUSpawner(CatalogOptions, LocalProcessSpawner):
 
     # ------------------------------------------------------------------ progress
 
-    def _progress(self, percent: int, message: str) -> None:
-        self.log.info("%s: %s", self._log_name, message)
-        self._events.append({"progress": percent, "message": message})
+    def _progress(self, percent: int, message: str, **values: object) -> None:
+        """A spawn progress event: `message` (marked with N_) in the language of the spawn's
+        request, in English in the hub's log."""
+        self.log.info("%s: %s", self._log_name, message % values if values else message)
+        self._events.append({"progress": percent, "message": _(message, **values)})
         self._events_changed.set()
 
     _events = List()
@@ -945,12 +949,14 @@ class LocalGPUSpawner(CatalogOptions, LocalProcessSpawner):
         why_not = await asyncio.to_thread(bwrap_works) if self.sandbox != "off" else ""
         sandboxed = self.sandbox == "bwrap" or (self.sandbox == "auto" and not why_not)
         if self.sandbox == "bwrap" and why_not:
-            raise web.HTTPError(500, f"The sandbox is required but cannot run: {why_not}")
+            raise web.HTTPError(
+                500, "%s", _("The sandbox is required but cannot run: %(why)s", why=why_not)
+            )
         await self._stop_leftover()
 
         gpus: list[Gpu] = []
         if not choice.profile.is_debug:
-            self._progress(10, f"Allocating {choice.label}")
+            self._progress(10, N_("Allocating %(label)s"), label=choice.label)
             try:
                 reserved = await self.current_reservations()
                 gpus = await asyncio.to_thread(
@@ -962,14 +968,15 @@ class LocalGPUSpawner(CatalogOptions, LocalProcessSpawner):
                     reserved.get(choice.profile.slug, {}),
                 )
             except NotEnoughGpus as e:
-                raise web.HTTPError(409, str(e), reason="GPUs unavailable") from None
-            self._progress(25, f"Allocated GPU {', '.join(str(g.index) for g in gpus)}")
+                raise web.HTTPError(409, "%s", e, reason="GPUs unavailable") from None
+            indices = ", ".join(str(g.index) for g in gpus)
+            self._progress(25, N_("Allocated GPU %(indices)s"), indices=indices)
         self.gpu_indices = [gpu.index for gpu in gpus]
         self.cgroup_dirs = []
         disk_lock = disk_archive.DiskLock(self.data_dir, disk_dirname(self.user.name))
         try:
             await self._claim_disk(disk_lock)
-            self._progress(40, "Preparing disk")
+            self._progress(40, N_("Preparing disk"))
             disk = await asyncio.to_thread(self._prepare_disk, sandboxed)
             folders = await asyncio.to_thread(self._prepare_group_folders, disk, sandboxed)
             self.group_gids = list(folders.gids)
@@ -1004,7 +1011,7 @@ class LocalGPUSpawner(CatalogOptions, LocalProcessSpawner):
                 )
                 # the disk path is an argument of bwrap's command line: the record's marker
                 cmd = bwrap_command(spec, cmd, bwrap=shutil.which("bwrap") or "bwrap")
-                self._progress(60, "Starting JupyterLab in its sandbox")
+                self._progress(60, N_("Starting JupyterLab in its sandbox"))
             else:
                 self.log.warning(
                     "Starting %s WITHOUT a sandbox (%s): it can see the hub's data directory",
@@ -1014,7 +1021,7 @@ class LocalGPUSpawner(CatalogOptions, LocalProcessSpawner):
                 self._check_unsandboxed_access()
                 # the same root as JUPYTERHUB_ROOT_DIR, named on the command line as the marker
                 cmd.append(f"--ServerApp.root_dir={disk}")
-                self._progress(60, "Starting JupyterLab (no sandbox)")
+                self._progress(60, N_("Starting JupyterLab (no sandbox)"))
             record = ServerRecord(
                 owner=self.owner_key,
                 marker=disk,
@@ -1035,7 +1042,7 @@ class LocalGPUSpawner(CatalogOptions, LocalProcessSpawner):
             self.pid = self.proc.pid
             record = dataclasses.replace(record, pid=self.pid)
             await asyncio.to_thread(write_record, self.data_dir, record)
-            self._progress(80, "Waiting for JupyterLab to answer")
+            self._progress(80, N_("Waiting for JupyterLab to answer"))
             await self._wait_for_port_or_exit()
             self._warn_over_quota()
             self.last_seen_alive, self.exited_after = int(time.time()), None
@@ -1061,8 +1068,11 @@ class LocalGPUSpawner(CatalogOptions, LocalProcessSpawner):
             )
             raise web.HTTPError(
                 500,
-                "An earlier server of yours is still running and could not be stopped;"
-                " ask the operator (the hub's log names it).",
+                "%s",
+                _(
+                    "An earlier server of yours is still running and could not be stopped;"
+                    " ask the operator (the hub's log names it)."
+                ),
                 reason="Earlier server still running",
             )
         await asyncio.to_thread(forget_server, self.data_dir, record, self.log)
@@ -1074,8 +1084,12 @@ class LocalGPUSpawner(CatalogOptions, LocalProcessSpawner):
             if self.resource_limits == "cgroup":
                 raise web.HTTPError(
                     500,
-                    "CPU and memory limits are required (resource_limits = cgroup) but this"
-                    f" host cannot set them: {why}",
+                    "%s",
+                    _(
+                        "CPU and memory limits are required (resource_limits = cgroup) but this"
+                        " host cannot set them: %(why)s",
+                        why=why,
+                    ),
                     reason="No resource limits",
                 )
             _warn_without_limits(self.log, why)
@@ -1089,7 +1103,9 @@ class LocalGPUSpawner(CatalogOptions, LocalProcessSpawner):
         except OSError as e:
             if self.resource_limits == "cgroup":
                 raise web.HTTPError(
-                    500, f"Could not set the server's CPU and memory limits: {e}"
+                    500,
+                    "%s",
+                    _("Could not set the server's CPU and memory limits: %(error)s", error=e),
                 ) from None
             self.log.warning(
                 "Starting %s WITHOUT CPU/memory limits: its cgroup failed: %s", self._log_name, e
@@ -1097,7 +1113,12 @@ class LocalGPUSpawner(CatalogOptions, LocalProcessSpawner):
             await asyncio.to_thread(cgroups.remove, self.cgroup_dirs)
             self.cgroup_dirs = []
             return
-        self._progress(50, f"Limited to {choice.cpu} CPU cores and {choice.memory_gib} GiB memory")
+        self._progress(
+            50,
+            N_("Limited to %(cpu)s CPU cores and %(memory)s GiB memory"),
+            cpu=choice.cpu,
+            memory=choice.memory_gib,
+        )
 
     def _preexec_fn(self, sandboxed: bool):
         """In the child, before exec: enter the server's cgroups (as the hub's user), then,
@@ -1127,12 +1148,16 @@ class LocalGPUSpawner(CatalogOptions, LocalProcessSpawner):
             if status is not None and not await self._signal(0):
                 raise web.HTTPError(
                     500,
-                    f"The server exited during start-up (status {status});"
-                    " the hub's log has its output.",
+                    "%s",
+                    _(
+                        "The server exited during start-up (status %(status)s); the hub's log has"
+                        " its output.",
+                        status=status,
+                    ),
                     reason="Server exited",
                 )
             try:
-                _, writer = await asyncio.open_connection(ip, self.port)
+                _reader, writer = await asyncio.open_connection(ip, self.port)
             except OSError:
                 await asyncio.sleep(0.1)
                 continue
@@ -1171,7 +1196,7 @@ class LocalGPUSpawner(CatalogOptions, LocalProcessSpawner):
         quota (never waited for under the lock: see `_warn_over_quota`). A disk that cannot
         be restored fails the spawn: never a start on an empty disk."""
         if not await asyncio.to_thread(lock.acquire):
-            self._progress(30, "Waiting for your disk's archiving to finish")
+            self._progress(30, N_("Waiting for your disk's archiving to finish"))
             while not await asyncio.to_thread(lock.acquire):
                 await asyncio.sleep(DISK_LOCK_POLL_SECONDS)
         folder = self.disk_archive_dir
@@ -1179,17 +1204,27 @@ class LocalGPUSpawner(CatalogOptions, LocalProcessSpawner):
             marker = await asyncio.to_thread(disk_archive.archived, folder)
             if marker is not None:
                 size = disk_archive.gib(marker.disk_bytes)
-                self._progress(30, f"Restoring your disk ({size} archived on {marker.day})…")
+                self._progress(
+                    30,
+                    N_("Restoring your disk (%(size)s archived on %(day)s)…"),
+                    size=size,
+                    day=marker.day,
+                )
                 await asyncio.to_thread(
                     disk_archive.restore_idle, self.disk_path, folder, self.run_as
                 )
-                self._progress(35, "Restored your disk")
+                self._progress(35, N_("Restored your disk"))
         except disk_archive.ArchiveError as e:
             self.log.error("Cannot restore the disk of %s: %s", self._log_name, e)
             raise web.HTTPError(
                 500,
-                f"Your disk is archived and could not be restored: {e}. Nothing was started;"
-                " your files stay in the archive. Ask the operator (`meterhub disk restore`).",
+                "%s",
+                _(
+                    "Your disk is archived and could not be restored: %(error)s. Nothing was"
+                    " started; your files stay in the archive. Ask the operator (`meterhub disk"
+                    " restore`).",
+                    error=e,
+                ),
             ) from None
         if self.disk_quota_gib is not None:
             # one walk a disk, shared with the Wallet page; it goes on while the server starts
@@ -1217,8 +1252,12 @@ class LocalGPUSpawner(CatalogOptions, LocalProcessSpawner):
         if size > quota * GIB:
             self._progress(
                 90,
-                f"Your disk holds {disk_archive.gib(size)}, over the site's {quota:g} GiB quota:"
-                " please delete what you no longer need (the server starts anyway)",
+                N_(
+                    "Your disk holds %(size)s, over the site's %(quota)s GiB quota: please delete"
+                    " what you no longer need (the server starts anyway)"
+                ),
+                size=disk_archive.gib(size),
+                quota=format(quota, "g"),
             )
 
     def _prepare_disk(self, sandboxed: bool) -> str:
@@ -1285,7 +1324,7 @@ class LocalGPUSpawner(CatalogOptions, LocalProcessSpawner):
                 for g in mounted
                 if sandboxed
             ),
-            gids=tuple(gid for gid, _ in gids if gid is not None),
+            gids=tuple(gid for gid, _name in gids if gid is not None),
             names=tuple((gid, name) for gid, name in gids if gid is not None),
         )
 
@@ -1349,9 +1388,16 @@ class LocalGPUSpawner(CatalogOptions, LocalProcessSpawner):
                 if not os.stat(prefix).st_mode & 0o001:
                     raise web.HTTPError(
                         500,
-                        f"Servers run as uid {self.run_as[0]} but {prefix} is not traversable"
-                        f" by other users, so the environment {path} cannot run. Install"
-                        " bubblewrap (the sandbox binds it in) or use a world-readable Python.",
+                        "%s",
+                        _(
+                            "Servers run as uid %(uid)s but %(prefix)s is not traversable by"
+                            " other users, so the environment %(path)s cannot run. Install"
+                            " bubblewrap (the sandbox binds it in) or use a world-readable"
+                            " Python.",
+                            uid=self.run_as[0],
+                            prefix=prefix,
+                            path=path,
+                        ),
                     )
 
     # ------------------------------------------------------------------ lifecycle

@@ -16,6 +16,8 @@ from tornado import web
 from traitlets import Instance, default
 from traitlets.config import LoggingConfigurable
 
+from meterhub.i18n import _
+
 from .catalog import CAP_OPTIONS, Catalog, Choice, InvalidChoice
 
 #: group names that may name a shared folder (a directory, a Kubernetes claim)
@@ -69,9 +71,10 @@ def nothing_allowed(catalog: Catalog, groups: frozenset[str]) -> str:
     ask = {}  # one spelling per group (names compare case-insensitively), in a stable order
     for name in sorted({n for names in named for n in names}, key=lambda n: (n.casefold(), n)):
         ask.setdefault(name.casefold(), name)
-    return (
-        "Your groups may start no profile on this hub; ask an admin to add you to one of: "
-        + ", ".join(ask.values())
+    return _(
+        "Your groups may start no profile on this hub; ask an admin to add you to one of:"
+        " %(groups)s",
+        groups=", ".join(ask.values()),
     )
 
 

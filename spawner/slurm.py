@@ -33,6 +33,8 @@ from jupyterhub.apihandlers import APIHandler, default_handlers
 from tornado import web
 from traitlets import Dict, Float, Int, Unicode, default, validate
 
+from meterhub.i18n import _
+
 from .catalog import Choice
 from .local import (
     disk_dirname,
@@ -66,12 +68,17 @@ class SlurmStartError(Exception):
 def cluster_account(user_name: str, user_map: str) -> str:
     """The cluster account a hub user's jobs run as (`same`, `prefix:<p>`, `run_as:<a>`);
     ValueError when the result cannot name an account."""
-    kind, _, value = user_map.partition(":")
+    kind, _sep, value = user_map.partition(":")
     account = {"same": user_name, "prefix": value + user_name, "run_as": value}.get(kind, "")
     if not ACCOUNT_NAME.match(account):
         raise ValueError(
-            f"the hub user {user_name!r} maps to {account!r} with slurm.user_map {user_map!r},"
-            " which cannot name a cluster account"
+            _(
+                "the hub user %(user)s maps to %(account)s with slurm.user_map %(map)s, which"
+                " cannot name a cluster account",
+                user=repr(user_name),
+                account=repr(account),
+                map=repr(user_map),
+            )
         )
     return account
 
@@ -272,7 +279,7 @@ def queue_position(job_id: str, lines: str) -> int | None:
         words = line.split()
         if len(words) == 2 and words[1].isdigit():
             jobs.append((-int(words[1]), int(words[0]) if words[0].isdigit() else 0, words[0]))
-    order = [job for _, _, job in sorted(jobs)]
+    order = [job for _priority, _index, job in sorted(jobs)]
     return order.index(job_id) + 1 if job_id in order else None
 
 
@@ -498,11 +505,19 @@ class SlurmGPUSpawner(CatalogOptions, SlurmSpawner):
         try:
             entry = pwd.getpwnam(account)
         except KeyError:
-            raise ValueError(f"no account {account!r} on the hub's machine") from None
+            raise ValueError(
+                _("no account %(account)s on the hub's machine", account=repr(account))
+            ) from None
         if entry.pw_uid < self.min_uid:
-            raise ValueError(f"{account!r} is a system account (uid {entry.pw_uid})")
+            raise ValueError(
+                _(
+                    "%(account)s is a system account (uid %(uid)s)",
+                    account=repr(account),
+                    uid=entry.pw_uid,
+                )
+            )
         if entry.pw_uid == os.getuid() and not self.user_map.startswith("run_as:"):
-            raise ValueError(f"{account!r} is the hub's own account")
+            raise ValueError(_("%(account)s is the hub's own account", account=repr(account)))
         return entry
 
     def submit_prefix(self) -> str:
@@ -580,7 +595,13 @@ class SlurmGPUSpawner(CatalogOptions, SlurmSpawner):
         entry = self.account_entry()
         disk = self.disk_path
         if os.path.islink(disk) or (os.path.isdir(disk) and os.stat(disk).st_uid != entry.pw_uid):
-            raise ValueError(f"{disk} exists but is not {entry.pw_name}'s own folder")
+            raise ValueError(
+                _(
+                    "%(disk)s exists but is not %(account)s's own folder",
+                    disk=disk,
+                    account=entry.pw_name,
+                )
+            )
         if not os.path.isdir(disk):
             os.makedirs(disk, mode=0o700)
             os.chown(disk, entry.pw_uid, entry.pw_gid)
@@ -593,20 +614,28 @@ class SlurmGPUSpawner(CatalogOptions, SlurmSpawner):
             self._submit_prefix = await asyncio.to_thread(self.submit_prefix)
         except ValueError as e:
             raise web.HTTPError(
-                500, f"This hub cannot run your server on the cluster: {e}", reason="No account"
+                500,
+                "%s",
+                _("This hub cannot run your server on the cluster: %(error)s", error=e),
+                reason="No account",
             ) from None
         self.log.info("Submitting %s for %s as %s", choice.label, self._log_name, account)
         if self.credit_seconds is not None and self.credit_seconds < 60:
             raise web.HTTPError(
                 402,
-                "Your credit pays for less than a minute of this profile, the shortest"
-                " time limit a Slurm job can have. Top up, or choose debug mode.",
+                "%s",
+                _(
+                    "Your credit pays for less than a minute of this profile, the shortest"
+                    " time limit a Slurm job can have. Top up, or choose debug mode."
+                ),
                 reason="Not enough credit",
             )
         try:
             await asyncio.to_thread(self._prepare_disk)
         except ValueError as e:
-            raise web.HTTPError(500, f"Your disk cannot be prepared: {e}") from None
+            raise web.HTTPError(
+                500, "%s", _("Your disk cannot be prepared: %(error)s", error=e)
+            ) from None
         self.job_id, self.job_status, self._queue_message = "", "", ""
         self.last_seen_alive = self.exited_after = None
         self.exited_unseen = False
@@ -615,7 +644,7 @@ class SlurmGPUSpawner(CatalogOptions, SlurmSpawner):
         await self.submit_batch_script()
         if not self.job_id:
             raise SlurmStartError(
-                "Slurm did not accept the job (no job id); the hub's log says why."
+                _("Slurm did not accept the job (no job id); the hub's log says why.")
             )
         # the job id in the hub's database at once: a hub that dies while it is queued
         # finds (and cancels, or adopts) it at its next start
@@ -636,25 +665,28 @@ class SlurmGPUSpawner(CatalogOptions, SlurmSpawner):
                     running_since = running_since or time.monotonic()
                     if time.monotonic() - running_since > self.server_start_seconds:
                         raise SlurmStartError(
-                            f"Your server's job {self.job_id} ran but JupyterLab did not"
-                            f" answer within {self.server_start_seconds} s, so it was"
-                            f" cancelled and nothing was charged; its log is"
-                            f" {LOG_DIR}/slurm-{self.job_id}.log on your disk."
+                            _(
+                                "Your server's job %(job)s ran but JupyterLab did not answer"
+                                " within %(seconds)s s, so it was cancelled and nothing was"
+                                " charged; its log is %(log)s on your disk.",
+                                job=self.job_id,
+                                seconds=self.server_start_seconds,
+                                log=self.job_log,
+                            )
                         )
                 if status == JobStatus.NOTFOUND:
                     raise SlurmStartError(
-                        f"Your server's Slurm job {self.job_id} ended before the server"
-                        f" answered; its log is {LOG_DIR}/slurm-{self.job_id}.log on your disk."
+                        _(
+                            "Your server's Slurm job %(job)s ended before the server answered;"
+                            " its log is %(log)s on your disk.",
+                            job=self.job_id,
+                            log=self.job_log,
+                        )
                     )
                 if status == JobStatus.PENDING:
                     await self._note_queue()
                 if time.monotonic() > deadline:
-                    where = f" ({self._queue_message})" if self._queue_message else ""
-                    raise SlurmStartError(
-                        f"Your server did not start within {self.queue_timeout_seconds} s"
-                        f"{where}, so its job {self.job_id} was cancelled and nothing was"
-                        " charged. Try again later, or choose a profile with free GPUs."
-                    )
+                    raise SlurmStartError(self._queue_timeout_message())
                 await asyncio.sleep(self.startup_poll_interval)
         except BaseException:
             await self._cancel_quietly()
@@ -666,6 +698,30 @@ class SlurmGPUSpawner(CatalogOptions, SlurmSpawner):
             "Slurm job %s of %s at %s:%s", self.job_id, self._log_name, self.ip, self.port
         )
         return self.ip, self.port
+
+    @property
+    def job_log(self) -> str:
+        """Where the job's own log is, on the user's disk."""
+        return f"{LOG_DIR}/slurm-{self.job_id}.log"
+
+    def _queue_timeout_message(self) -> str:
+        values = {
+            "seconds": self.queue_timeout_seconds,
+            "job": self.job_id,
+            "where": self._queue_message,
+        }
+        if self._queue_message:
+            return _(
+                "Your server did not start within %(seconds)s s (%(where)s), so its job %(job)s"
+                " was cancelled and nothing was charged. Try again later, or choose a profile"
+                " with free GPUs.",
+                **values,
+            )
+        return _(
+            "Your server did not start within %(seconds)s s, so its job %(job)s was cancelled"
+            " and nothing was charged. Try again later, or choose a profile with free GPUs.",
+            **values,
+        )
 
     async def _cancel_quietly(self) -> None:
         if not self.job_id:
@@ -685,21 +741,41 @@ class SlurmGPUSpawner(CatalogOptions, SlurmSpawner):
         except RuntimeError:
             lines = ""
         position = queue_position(self.job_id, lines)
-        reason = reason.strip("()") or "waiting"
-        self._queue_message = f"pending ({reason})" + (
-            f", position {position} in the {partition} queue" if position else ""
-        )
+        # Slurm's reason (Resources, Priority, ...) as Slurm and its documentation spell it
+        reason = reason.strip("()")
+        values = {"reason": reason, "position": position, "partition": partition}
+        if reason and position:
+            message = _(
+                "pending (%(reason)s), position %(position)s in the %(partition)s queue", **values
+            )
+        elif reason:
+            message = _("pending (%(reason)s)", **values)
+        elif position:
+            message = _(
+                "pending (waiting), position %(position)s in the %(partition)s queue", **values
+            )
+        else:
+            message = _("pending (waiting)")
+        self._queue_message = message
 
     async def progress(self):
         sent = ""
         while self.pending == "spawn":
             message = ""
             if self.job_id and not self.job_status:
-                message = f"Submitted Slurm job {self.job_id}"
+                message = _("Submitted Slurm job %(job)s", job=self.job_id)
             elif self.state_ispending():
-                message = f"Slurm job {self.job_id}: {self._queue_message or 'pending'}"
+                message = _(
+                    "Slurm job %(job)s: %(state)s",
+                    job=self.job_id,
+                    state=self._queue_message or _("pending"),
+                )
             elif self.state_isrunning():
-                message = f"Slurm job {self.job_id} running on {self.state_gethost()}; starting JupyterLab"
+                message = _(
+                    "Slurm job %(job)s running on %(host)s; starting JupyterLab",
+                    job=self.job_id,
+                    host=self.state_gethost(),
+                )
             if message and message != sent:
                 sent = message
                 yield {"message": message}
