@@ -41,6 +41,8 @@ LEDGER_ROLE_PREFIXES = (GROUP_ADMIN_ROLE_PREFIX, COURSE_ROLE_PREFIX)
 BILLING_ACCESS = f"access:services!service={BILLING_SERVICE}"
 BILLING_ADMIN_ROLE = "meterhub-billing-admin"
 METRICS_SCOPE = "read:metrics"
+#: the JupyterHub service whose token Prometheus sends (the chart's hub.services entry)
+METRICS_SERVICE = "meterhub-metrics"
 
 CUSTOM_SCOPES = {
     ADMIN_SCOPE: {
@@ -75,6 +77,16 @@ def billing_admin_role(users: Sequence[str] = (), services: Sequence[str] = ()) 
         "description": "Manage everyone's credit, prices, passes and refunds in meterhub.",
         "scopes": [ADMIN_SCOPE, BILLING_ACCESS, "list:users", "read:users:name"],
         "users": list(users),
+        "services": list(services),
+    }
+
+
+def metrics_role(services: Sequence[str] = (METRICS_SERVICE,)) -> dict:
+    """Prometheus's role: read the hub's and the billing service's metrics, nothing else."""
+    return {
+        "name": METRICS_SERVICE,
+        "description": "Prometheus: read the hub's and the billing service's metrics, nothing else.",
+        "scopes": [METRICS_SCOPE],
         "services": list(services),
     }
 

@@ -43,7 +43,8 @@ def metered(hub_factory):
 
 
 def scrape(hub, path: str, token: str | None) -> requests.Response:
-    headers = {"Authorization": f"token {token}"} if token else {}
+    # as Prometheus sends it (authorization: type Bearer)
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
     return requests.get(f"{hub.url}{path}", headers=headers, allow_redirects=False, timeout=60)
 
 

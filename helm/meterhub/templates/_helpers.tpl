@@ -319,3 +319,15 @@ instead:
 {{- fail (printf "jupyterhub.hub.config.JupyterHub.base_url: set jupyterhub.hub.baseUrl: %q instead (the billing service's prefix follows it)" $configured) }}
 {{- end }}
 {{- end }}
+
+{{/* The Secret and key of the read:metrics token Prometheus sends: the operator's, or the
+    token z2jh generates for the `meterhub-metrics` service in its hub Secret. */}}
+{{- define "meterhub.metrics.tokenSecret" -}}
+{{- with .Values.billing.metrics.token.existingSecret -}}
+name: {{ . | quote }}
+key: {{ $.Values.billing.metrics.token.secretKey | default "token" | quote }}
+{{- else -}}
+name: {{ include "meterhub.jupyterhub.hub-secret" . | quote }}
+key: hub.services.meterhub-metrics.apiToken
+{{- end }}
+{{- end }}
