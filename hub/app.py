@@ -573,7 +573,7 @@ def write_data_dir_readme(data_dir: str, sign_in: str) -> None:
 
 def serve(site: dict, ip: str, port: int, config_path: str | None = None) -> None:
     """Run the hub in the foreground for a completed site config (see `load_site_config`)."""
-    running, _ = find_hub(site["data_dir"])
+    running, _stale = find_hub(site["data_dir"])
     if running is not None:
         raise ConfigError(
             f"meterhub serve already runs for {site['data_dir']} (pid {running.pid});"
@@ -592,7 +592,9 @@ def serve(site: dict, ip: str, port: int, config_path: str | None = None) -> Non
     write_data_dir_readme(site["data_dir"], sign_in_line(url, facts["admin"], password_file))
     message = sign_in_line(url, facts["admin"], password_file, facts["password"])
     if facts["warning"]:
+        # at once (the hub may never come up), and again above the sign-in line
         warning = _("WARNING: %(warning)s", warning=facts["warning"])
+        print(f"meterhub: {warning}", file=sys.stderr)
         message = f"meterhub: {warning}\n{message}"
     # after the operator's config: `meterhub stop` finds the hub by this file
     pid_file = c.JupyterHub.pid_file = pid_file_path(site["data_dir"])
