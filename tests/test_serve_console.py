@@ -112,7 +112,15 @@ def test_sign_in_line_comes_last_and_one_sigterm_stops_everything(tmp_path, sigi
         until(lambda: not alive(proxy) and not alive(billing), "the proxy and billing to exit")
         print(f"stopped in {time.monotonic() - asked:.1f} s (SIGINT {sigint})")
     finally:
-        hub.kill_leftovers()
+        if hub.proc.poll() is None:  # an assertion failed before the stop
+            hub.proc.kill()
+            hub.proc.wait(timeout=30)
+        for pid in billing_service_pids(hub.config_path):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass  # it went with the hub
+        hub.kill_leftovers()  # the proxy, by its pid file
     output = hub.log_path.read_text(errors="replace")
     # the hub's SIGINT stops the billing service, inherited ignored or not: nobody waits
     # for JupyterHub's interrupt timeout and its SIGTERM
