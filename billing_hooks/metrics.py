@@ -125,9 +125,9 @@ class MeterMetrics:
         if result.unbilled:
             self.stops.labels("unbilled").inc(len(result.unbilled))
         for key in result.notified:
-            reason = WARNING_REASONS.get(key.split(":", 1)[0])
-            if reason is not None:
-                self.warnings.labels(reason).inc()
+            warning = WARNING_REASONS.get(key.split(":", 1)[0])
+            if warning is not None:
+                self.warnings.labels(warning).inc()
 
 
 class LedgerTotals:

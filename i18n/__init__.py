@@ -129,7 +129,13 @@ def environment_language(environ: Mapping[str, str] | None = None) -> str:
 
 def language() -> str:
     """The language of the moment (this request, this CLI run, or `using`)."""
-    return _language.get()
+    return _language.get(DEFAULT)
+
+
+def chosen_language() -> str | None:
+    """The language a request, a CLI run or `using` set, or None in code that runs for
+    nobody in particular (a periodic task)."""
+    return _language.get(None)
 
 
 def set_language(code: str) -> contextvars.Token:
@@ -175,15 +181,15 @@ def translations(code: str) -> _gettext.NullTranslations:
 
 
 def gettext(message: str) -> str:
-    return translations(_language.get()).gettext(message)
+    return translations(language()).gettext(message)
 
 
-def ngettext(singular: str, plural: str, n: int, **values: object) -> str:
-    text = translations(_language.get()).ngettext(singular, plural, n)
+def ngettext(singular: str, plural: str, n: int, /, **values: object) -> str:
+    text = translations(language()).ngettext(singular, plural, n)
     return text % values if values else text
 
 
-def _(message: str, **values: object) -> str:
+def _(message: str, /, **values: object) -> str:
     """`message` in the language of the moment, with its named `values` put in."""
     text = gettext(message)
     return text % values if values else text
@@ -207,7 +213,7 @@ def in_every_language(compose: Callable[[], str]) -> dict[str, str]:
 def pick(texts: Mapping[str, str] | None, fallback: str, code: str | None = None) -> str:
     """The text of `texts` in `code` (default: the language of the moment), else `fallback`."""
     if texts:
-        text = texts.get(code or _language.get())
+        text = texts.get(code or language())
         if text:
             return text
     return fallback

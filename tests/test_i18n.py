@@ -212,3 +212,11 @@ def test_no_module_that_translates_shadows_underscore():
             if translates:
                 found += [f"{path.relative_to(root)}:{line}" for line in _binds_underscore(tree)]
     assert not found, f"`_` rebound where it translates: {found}"
+
+
+def test_a_value_may_be_called_message_or_n():
+    """The spawn page's "Error: %(message)s" (a 500 once: `_` took `message` as its own)."""
+    from meterhub.i18n import _, ngettext
+
+    assert _("Error: %(message)s", message="no") == "Error: no"
+    assert ngettext("%(n)s day", "%(n)s days", 2, n=2) == "2 days"
