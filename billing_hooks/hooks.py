@@ -23,7 +23,8 @@ from prometheus_client import Counter
 from sqlalchemy.exc import DBAPIError
 from tornado import web
 
-from meterhub.i18n import N_, _
+from meterhub.i18n import DEFAULT as DEFAULT_LANGUAGE
+from meterhub.i18n import N_, _, chosen_language
 from meterhub.spawner.catalog import InvalidChoice
 
 from .courses import course_refusal
@@ -31,6 +32,9 @@ from .ledger import InsufficientCredit, UnknownWallet
 from .money import format_duration, format_money, seconds_covered, to_micros
 from .settings import BillingSettings, priced_catalog
 from .wallets import WalletRef, WalletRefError, parse_wallet
+
+#: the language a server starts in (its JupyterLab's default; extensions/server.py)
+LANGUAGE_ENV = "METERHUB_LANGUAGE"
 
 BILLING_DOWN = N_(
     "Billing is unavailable right now (its database does not answer), so no new server can"
@@ -361,9 +365,18 @@ async def billed_pre_spawn(spawner) -> None:
     (nothing is charged for a server that never became ready).
     """
     await authorize_spawn(spawner)
+    speak_the_users_language(spawner)
     theirs = operator_hook(spawner, "pre_spawn_hook")
     if theirs is not None:
         await maybe_future(theirs(spawner))
+
+
+def speak_the_users_language(spawner) -> None:
+    """Start the server in the language its user reads the hub in ($METERHUB_LANGUAGE: the
+    server extension makes it JupyterLab's default, extensions/server.py). A start with no
+    request behind it (the hub's restart in debug mode) keeps the language of the last."""
+    language = chosen_language() or spawner.environment.get(LANGUAGE_ENV) or DEFAULT_LANGUAGE
+    spawner.environment = {**spawner.environment, LANGUAGE_ENV: language}
 
 
 async def billed_post_stop(spawner) -> None:

@@ -31,10 +31,12 @@ import asyncio
 import json
 import logging
 import os
+import re
 import signal
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from datetime import UTC, datetime
+from pathlib import Path
 from urllib.parse import quote
 
 from jupyter_server.base.handlers import APIHandler
@@ -466,7 +468,8 @@ class BillingAPIHandler(APIHandler):
     """Calls the billing API as this server, with the server's own token."""
 
     async def billing(self, path: str, body: dict | None = None) -> dict:
-        """GET `path` of the billing API, or POST `body` to it as JSON."""
+        """GET `path` of the billing API, or POST `body` to it as JSON; in the language
+        JupyterLab shows (its `?lang=`), so that messages come back in it."""
         if not _billing_api():
             raise web.HTTPError(503, "This server was started without METERHUB_BILLING_URL")
         request = HTTPRequest(
@@ -476,6 +479,7 @@ class BillingAPIHandler(APIHandler):
             headers={
                 "Authorization": f"token {os.environ.get('JUPYTERHUB_API_TOKEN', '')}",
                 "Content-Type": "application/json",
+                "Accept-Language": lab_language(self.get_argument("lang", "")),
             },
             request_timeout=BILLING_TIMEOUT_SECONDS,
         )
@@ -554,11 +558,40 @@ class ReadHandler(BillingAPIHandler):
         self.finish({"marked": int(answer.get("marked", 0))})
 
 
+#: JupyterLab's defaults in every meterhub server (no news pop-up, no update check), and
+#: those of each language a server may start in ($METERHUB_LANGUAGE): labconfig folders
+#: added to JUPYTER_CONFIG_PATH, where JupyterLab reads `default_setting_overrides.json`
+LABCONFIG = Path(__file__).parent / "labconfig"
+LANGUAGE_TAG = re.compile(r"^[A-Za-z]{2,3}(?:[-_][A-Za-z0-9]{2,8}){0,2}\Z")
+
+
+def lab_language(asked: str) -> str:
+    """An Accept-Language header for the billing API from JupyterLab's language code
+    (`zh-CN`, `en`); the server's own language when it asked for none or for nonsense."""
+    for tag in (asked, os.environ.get("METERHUB_LANGUAGE", "")):
+        if tag and LANGUAGE_TAG.match(tag):
+            return tag.replace("_", "-")
+    return "en"
+
+
+def lab_config_path(environ: Mapping[str, str]) -> str:
+    """JUPYTER_CONFIG_PATH with meterhub's JupyterLab defaults first: the base ones, and the
+    language's when the server starts in one meterhub ships defaults for."""
+    folders = [str(LABCONFIG / "base")]
+    language = environ.get("METERHUB_LANGUAGE", "")
+    if language and (LABCONFIG / language).is_dir() and language.replace("_", "").isalnum():
+        folders.insert(0, str(LABCONFIG / language))
+    present = environ.get("JUPYTER_CONFIG_PATH", "")
+    return os.pathsep.join([*folders, *([present] if present else [])])
+
+
 def _jupyter_server_extension_points():
     return [{"module": "meterhub.extensions.server"}]
 
 
 def _load_jupyter_server_extension(serverapp):
+    # read per request by JupyterLab's settings (jupyterlab_server), so set before any
+    os.environ["JUPYTER_CONFIG_PATH"] = lab_config_path(os.environ)
     base = serverapp.web_app.settings["base_url"]
     serverapp.web_app.add_handlers(
         ".*$",

@@ -15,6 +15,11 @@ import { Notification } from '@jupyterlab/apputils';
 import { URLExt } from '@jupyterlab/coreutils';
 import { ServerConnection } from '@jupyterlab/services';
 import { IStatusBar } from '@jupyterlab/statusbar';
+import {
+  ITranslator,
+  TranslationBundle,
+  nullTranslator
+} from '@jupyterlab/translation';
 import { Poll } from '@lumino/polling';
 import { Widget } from '@lumino/widgets';
 
@@ -95,14 +100,17 @@ function openDocuments(app: JupyterFrontEnd): IOpenDocument[] {
  * the notifications; and the saves before a stop.
  */
 class CreditStatus extends Widget {
-  constructor(app: JupyterFrontEnd) {
+  constructor(app: JupyterFrontEnd, translator: ITranslator) {
     super();
     this._settings = app.serviceManager.serverSettings;
+    this._trans = translator.load('meterhub');
+    // messages from the billing service come back in JupyterLab's language
+    this._language = translator.languageCode || 'en';
     this.id = 'meterhub-credit-status';
     this.addClass('jp-StatusBar-TextItem');
     this.addClass('meterhub-credit-status');
-    this.node.title = 'meterhub: your credit';
-    this.node.textContent = 'credit …';
+    this.node.title = this._trans.__('meterhub: your credit');
+    this.node.textContent = this._trans.__('credit …');
     this._reader = new NotificationReader({
       show: note => this._showNote(note),
       // the page marks what it showed by itself: not the user's activity, which would put off
@@ -133,7 +141,8 @@ class CreditStatus extends Widget {
     let status: IStatus;
     try {
       const response = await ServerConnection.makeRequest(
-        this._url('api/meterhub/status'),
+        this._url('api/meterhub/status') +
+          URLExt.objectToQueryString({ lang: this._language }),
         {},
         this._settings
       );
@@ -142,7 +151,7 @@ class CreditStatus extends Widget {
       }
       status = (await response.json()) as IStatus;
     } catch (error) {
-      this.node.textContent = 'credit unavailable';
+      this.node.textContent = this._trans.__('credit unavailable');
       delete this.node.dataset.level;
       throw error;
     }
@@ -154,7 +163,7 @@ class CreditStatus extends Widget {
         console.info('meterhub: saved before a stop', report);
       }
     });
-    this.node.textContent = statusText(status);
+    this.node.textContent = statusText(status, this._trans);
     this.node.dataset.level = statusLevel(status);
     this._idleWarnings.update(status.idle);
     await this._reader.read(status.notifications);
@@ -200,8 +209,10 @@ class CreditStatus extends Widget {
       autoClose: false,
       actions: [
         {
-          label: 'Keep running',
-          caption: 'Count this as activity: the server keeps running',
+          label: this._trans.__('Keep running'),
+          caption: this._trans.__(
+            'Count this as activity: the server keeps running'
+          ),
           displayType: 'accent',
           callback: event => {
             // dismissed once the server heard it, not before
@@ -226,7 +237,9 @@ class CreditStatus extends Widget {
       );
       // the warning and its button stay, to try again
       Notification.error(
-        'Your server did not answer "Keep running"; try again, or use it (run a cell, save a file).',
+        this._trans.__(
+          'Your server did not answer "Keep running"; try again, or use it (run a cell, save a file).'
+        ),
         { autoClose: 10 * 1000 }
       );
       return;
@@ -257,6 +270,8 @@ class CreditStatus extends Widget {
   }
 
   private _settings: ServerConnection.ISettings;
+  private _trans: TranslationBundle;
+  private _language: string;
   private _reader: NotificationReader;
   private _idleWarnings: IdleWarnings;
   private _saver: StopSaver;
@@ -269,9 +284,13 @@ const plugin: JupyterFrontEndPlugin<void> = {
   description:
     'Credit left in the status bar, warnings before a stop, and a save before it.',
   autoStart: true,
-  optional: [IStatusBar],
-  activate: (app: JupyterFrontEnd, statusBar: IStatusBar | null) => {
-    const item = new CreditStatus(app);
+  optional: [IStatusBar, ITranslator],
+  activate: (
+    app: JupyterFrontEnd,
+    statusBar: IStatusBar | null,
+    translator: ITranslator | null
+  ) => {
+    const item = new CreditStatus(app, translator ?? nullTranslator);
     if (statusBar) {
       statusBar.registerStatusItem(plugin.id, {
         item,

@@ -6,6 +6,24 @@
  */
 
 /**
+ * What the status bar needs of JupyterLab's translation API: `__` of a
+ * `TranslationBundle` (@jupyterlab/translation), `%1` for its first argument.
+ */
+export interface ITranslation {
+  __(msgid: string, ...args: unknown[]): string;
+}
+
+/**
+ * The English of the msgids themselves, for tests and a JupyterLab without a translator.
+ */
+export const ENGLISH: ITranslation = {
+  __: (msgid: string, ...args: unknown[]) =>
+    msgid.replace(/%(\d+)/g, (placeholder, n) =>
+      Number(n) <= args.length ? String(args[Number(n) - 1]) : placeholder
+    )
+};
+
+/**
  * An unread notification from the billing service (a warning, a stop, an ended pass).
  */
 export interface INote {
@@ -105,29 +123,29 @@ export type Level = 'ok' | 'warning' | 'critical';
 
 const SYMBOLS: Record<string, string> = { CNY: '¥', USD: '$', EUR: '€' };
 
-function left(minutes: number | null): string {
+function left(minutes: number | null, trans: ITranslation): string {
   if (minutes === null) {
-    return 'not charging';
+    return trans.__('not charging');
   }
   if (minutes >= 60) {
-    return `${Math.floor(minutes / 60)} h left`;
+    return trans.__('%1 h left', Math.floor(minutes / 60));
   }
-  return `${minutes} min left`;
+  return trans.__('%1 min left', minutes);
 }
 
 /**
  * "in 4 min", "in under 1 min", "in 2 h": whole units, rounded down, so the time left is never
  * overstated.
  */
-function within(seconds: number): string {
+function within(seconds: number, trans: ITranslation): string {
   const minutes = Math.floor(Math.max(0, seconds) / 60);
   if (minutes < 1) {
-    return 'in under 1 min';
+    return trans.__('in under 1 min');
   }
   if (minutes >= 60) {
-    return `in ${Math.floor(minutes / 60)} h`;
+    return trans.__('in %1 h', Math.floor(minutes / 60));
   }
-  return `in ${minutes} min`;
+  return trans.__('in %1 min', minutes);
 }
 
 /**
@@ -147,18 +165,27 @@ export function idleSecondsLeft(idle: IIdle | null | undefined): number | null {
  * 4 min") while the idle action is near, and "· cap: stops in 12 min" when the session's cap
  * is the soonest stop. A credit stop adds nothing: the minutes left already say it.
  */
-export function statusText(status: IStatus): string {
+export function statusText(
+  status: IStatus,
+  trans: ITranslation = ENGLISH
+): string {
   const symbol = SYMBOLS[status.currency] ?? `${status.currency} `;
   const balance = `${symbol}${status.balance}`;
-  const rate = `${symbol}${status.rate_per_hour}/h`;
-  const parts = [balance, rate, left(status.minutes_left)];
+  const rate = trans.__('%1/h', `${symbol}${status.rate_per_hour}`);
+  const parts = [balance, rate, left(status.minutes_left, trans)];
   const idleLeft = idleSecondsLeft(status.idle);
   if (idleLeft !== null) {
-    const what = status.idle?.action === 'debug' ? 'debug mode' : 'stops';
-    parts.push(`idle: ${what} ${within(idleLeft)}`);
+    const when = within(idleLeft, trans);
+    parts.push(
+      status.idle?.action === 'debug'
+        ? trans.__('idle: debug mode %1', when)
+        : trans.__('idle: stops %1', when)
+    );
   }
   if (status.stop?.reason === 'cap') {
-    parts.push(`cap: stops ${within(status.stop.in_seconds)}`);
+    parts.push(
+      trans.__('cap: stops %1', within(status.stop.in_seconds, trans))
+    );
   }
   return parts.join(' · ');
 }

@@ -1,3 +1,6 @@
+import { readFileSync } from 'fs';
+import { join } from 'path';
+
 import {
   IIdle,
   IStatus,
@@ -169,5 +172,55 @@ describe('statusLevel', () => {
     expect(statusLevel(cap(31))).toBe('ok');
     expect(statusLevel(cap(30))).toBe('warning');
     expect(statusLevel(cap(10))).toBe('critical');
+  });
+});
+
+describe('statusText in Chinese', () => {
+  // the catalog JupyterLab loads for zh-CN (tools/i18n.py compiles it from its .po)
+  const catalog = JSON.parse(
+    readFileSync(
+      join(__dirname, '../../../locale/zh_CN/LC_MESSAGES/meterhub.json'),
+      'utf-8'
+    )
+  ) as Record<string, string[]>;
+  const chinese = {
+    __: (msgid: string, ...args: unknown[]) =>
+      (catalog[msgid]?.[0] ?? msgid).replace(/%(\d+)/g, (_m, n) =>
+        String(args[Number(n) - 1])
+      )
+  };
+
+  it('reads naturally, the same numbers as in English', () => {
+    expect(statusText(STATUS, chinese)).toBe(
+      '¥9.87 · ¥0.10/小时 · 还可用 98 小时'
+    );
+    expect(
+      statusText(
+        {
+          ...STATUS,
+          idle: {
+            idle_seconds: 1500,
+            limit_seconds: 1800,
+            warn_seconds: 300,
+            action: 'stop'
+          },
+          stop: { reason: 'cap', in_seconds: 720 }
+        },
+        chinese
+      )
+    ).toBe(
+      '¥9.87 · ¥0.10/小时 · 还可用 98 小时 · 空闲：5 分钟后停止 · 上限：12 分钟后停止'
+    );
+  });
+
+  it('has every string the status bar says', () => {
+    for (const msgid of [
+      'not charging',
+      '%1 min left',
+      'in under 1 min',
+      'idle: debug mode %1'
+    ]) {
+      expect(catalog[msgid]?.[0]).toBeTruthy();
+    }
   });
 });
