@@ -173,4 +173,5 @@ async def options_form(spawner) -> str:
         groups=group_names(spawner.user),
         payers=payers,
         payer_checked=checked,
+        price=lambda amount: format_money(to_micros(amount), settings.currency),
     )

@@ -41,6 +41,11 @@ def language_transform(cookie_path: str | None = "/") -> type[OutputTransform]:
             self.language, remember = request_language(request)
             self.remember = remember if cookie_path is not None else None
             set_language(self.language)
+            # `?lang=` is this layer's alone: JupyterHub's spawn page takes any other query
+            # argument for a user option and tries to start a server with it (a refusal
+            # shown above the form, on every change of language there)
+            request.query_arguments.pop(QUERY, None)
+            request.arguments.pop(QUERY, None)
 
         def transform_first_chunk(
             self, status_code: int, headers: HTTPHeaders, chunk: bytes, finishing: bool

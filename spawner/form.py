@@ -126,15 +126,18 @@ def render_options_form(
     groups: frozenset[str] = frozenset(),
     payers: Sequence[PayerOption] = (),
     payer_checked: str = "",
+    price: Callable[[Decimal], str] | None = None,
 ) -> str:
     """The form's HTML; when the user's `groups` may start nothing at all, it says so (and
-    whom to ask) above the choices, all disabled."""
+    whom to ask) above the choices, all disabled. `price` writes an amount as people read
+    it (the hub passes billing's `format_money`); by default the symbol and the amount."""
     options = profile_options(catalog, availability, annotate, groups)
     first_enabled = next((o.profile.slug for o in options if not o.disabled_reason), None)
     return _template.render(
         options=options,
         checked=first_enabled,
         currency=currency_symbol,
+        price=price or (lambda amount: f"{currency_symbol}{amount}"),
         summary=summary,
         nothing_allowed=nothing_allowed(catalog, groups),
         payers=payers,

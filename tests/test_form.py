@@ -30,8 +30,8 @@ def test_rendered_form_shows_names_vram_prices_and_free():
         "¥1.25/GPU-hour",
         "¥10.00/h",
         "3 of 4 free",
-        "no GPU, same disk",
-        "¥0.10/h",
+        "No GPU — write and debug your code on the same disk for",
+        'data-price="0.10">¥0.10/h</span>',
         "No H800 on this machine",
         'name="gpus_rtx4090"',
     ):
@@ -112,3 +112,13 @@ def test_a_user_who_may_start_nothing_is_told_so_at_the_top():
     assert " checked" not in html  # nothing preselected
     member = render_options_form(catalog, None, groups=frozenset({"Staff"}))
     assert "meterhub-nothing-allowed" not in member and 'value="debug" checked' in member
+
+
+def test_the_hub_writes_prices_as_billing_does():
+    from meterhub.billing_hooks.money import format_money, to_micros
+
+    catalog = Catalog(prices={"a800": "1250.00"})
+    hub_price = lambda amount: format_money(to_micros(amount))  # noqa: E731 (hub/spawn_form.py)
+    html = render_options_form(catalog, None, price=hub_price)
+    assert "¥1,250.00/GPU-hour" in html and "8 × A800 — ¥10,000.00/h" in html
+    assert "¥1250.00" not in html

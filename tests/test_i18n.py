@@ -117,6 +117,17 @@ def test_the_transform_sets_the_language_and_the_cookie_and_says_content_languag
     assert i18n.language() == "en"
 
 
+def test_the_transform_keeps_lang_from_the_handlers_that_read_query_arguments():
+    # JupyterHub's spawn page starts a server from any query argument it is given: the
+    # language switch (`?lang=`) on it showed "Unknown profile ''" above the form
+    request = _request("/hub/spawn?lang=zh-CN&next=%2Fhub%2Fhome")
+    with i18n.using("en"):
+        language_transform("/")(request)
+        assert i18n.language() == "zh_CN"
+    assert "lang" not in request.query_arguments and "lang" not in request.arguments
+    assert request.query_arguments == {"next": [b"/hub/home"]}
+
+
 def test_money_groups_thousands_for_people_and_not_for_scripts():
     assert format_money(1_234_500_000) == "¥1,234.50"
     assert format_money(-1_234_500_000) == "-¥1,234.50"

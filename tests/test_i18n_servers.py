@@ -46,7 +46,7 @@ def test_the_spawn_form_reads_in_chinese_with_its_fields_inside_the_sentences():
     for chinese in (
         "付款方式",
         "调试模式",
-        "无 GPU，同一数据盘",
+        "无 GPU —— 在同一块数据盘上编写和调试代码，只需",
         "每块 GPU 24 GB 显存",
         "¥1.25/GPU·小时",
         "¥0.10/小时",

@@ -115,8 +115,15 @@ def test_spawn_page_shows_cards_prices_balance_and_reasons(site_hub, browser):
     assert cards["h800"].locator(".meterhub-price").inner_text() == "¥6.67/GPU-hour"
     assert "24 GB VRAM" in cards["rtx4090"].inner_text()
     assert "1 of 1 free now" in cards["rtx4090"].inner_text()
-    assert "no GPU, same disk" in cards["debug"].inner_text()
+    debug = "No GPU — write and debug your code on the same disk for ¥36.00/h"
+    assert debug in cards["debug"].inner_text()
     assert cards["debug"].locator(".meterhub-price").inner_text() == "¥36.00/h"
+    # debug mode's card has a row of its own, as tall as its text: beside the GPU cards it
+    # was stretched to their height, mostly empty
+    page.set_viewport_size({"width": 1280, "height": 800})
+    debug_box, rtx_box = cards["debug"].bounding_box(), cards["rtx4090"].bounding_box()
+    assert debug_box["y"] + debug_box["height"] <= rtx_box["y"]
+    assert debug_box["height"] < rtx_box["height"] / 2
     assert page.locator("#meterhub-form-balance").inner_text() == "Your balance: ¥10.00"
     # unavailable: no H800 here
     assert cards["h800"].locator("input[name=profile]").is_disabled()
