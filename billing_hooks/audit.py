@@ -16,6 +16,7 @@ from sqlalchemy import func, select
 
 from .orm import AUDIT_PROBLEM_LINES, AuditRun, Entry, MeteredSession, Reconciliation, Wallet
 from .postings import covering_passes, window_amount
+from .vouchers import voucher_problems
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
@@ -97,6 +98,7 @@ class Audit:
                         f"session {session.id} ({session.user_name}): refunded"
                         f" {refunds[session.id]}, more than the {charged} it was charged"
                     )
+            problems += voucher_problems(db)
         return problems
 
     def record_audit(self) -> AuditRun:

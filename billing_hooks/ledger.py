@@ -8,6 +8,7 @@
 - queries.py — what pages, the CLI and the REST API read
 - groups.py — groups with wallets: settings, admins, caps, the hub's membership changes
 - courses.py — courses: rosters, allowances carved from the course wallet, profiles, windows
+- vouchers.py, topups.py — credit from outside: codes redeemed once, a provider's top-ups
 """
 
 from __future__ import annotations
@@ -35,9 +36,11 @@ from .postings import (
 )
 from .queries import Queries
 from .restarts import Restarts
+from .topups import TopUps
+from .vouchers import Vouchers
 
 
-class Ledger(Courses, Groups, Restarts, Queries, Audit, MeterBatch, Postings):
+class Ledger(Vouchers, TopUps, Courses, Groups, Restarts, Queries, Audit, MeterBatch, Postings):
     """All methods are blocking: the hub and the meter call them off their event loops."""
 
 

@@ -1,6 +1,7 @@
 """The ledger's tables: wallets, append-only entries, sessions, passes, notifications, prices
-(dated, append-only), the meter's reconciliations, the scheduled audit's runs, and groups:
-their settings, admins, members' caps and the membership changes the hub applies.
+(dated, append-only), the meter's reconciliations, the scheduled audit's runs, groups:
+their settings, admins, members' caps and the membership changes the hub applies, and
+vouchers with the failed redemptions their rate limit counts.
 
 Money columns are integer micro-units (BigInteger); times are integer UTC epoch seconds.
 Schema changes go through alembic (billing_hooks/migrations); never edit a released one.
@@ -347,3 +348,50 @@ class Restart(Base):
     applied_at: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     #: what starting it found ("" when it started)
     outcome: Mapped[str] = mapped_column(Text, default="")
+
+
+class Voucher(Base):
+    """A code a user redeems once for credit (`meterhub voucher create`). Only the code's
+    hash is kept: the code itself is printed once, when it is made. Redeeming it claims the
+    row and writes its one entry (key `voucher:ID`) in the same transaction."""
+
+    __tablename__ = "vouchers"
+    __table_args__ = (Index("ix_vouchers_batch", "batch", "id"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    #: SHA-256 of the normalized code (billing_hooks.vouchers.code_hash)
+    code_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    #: the code's last characters, to tell vouchers apart in a list (not enough to guess it)
+    hint: Mapped[str] = mapped_column(String(8))
+    amount_micros: Mapped[int] = mapped_column(BigInteger)
+    #: the vouchers made by one command share it
+    batch: Mapped[str] = mapped_column(String(32))
+    note: Mapped[str] = mapped_column(Text, default="")
+    created_by: Mapped[str] = mapped_column(String(255))
+    created_at: Mapped[int] = mapped_column(BigInteger)
+    #: it cannot be redeemed from this moment on (None: never expires)
+    expires_at: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    revoked_at: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    revoked_by: Mapped[str | None] = mapped_column(String(255), nullable=True)
+    redeemed_at: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    #: the user whose wallet it credited
+    redeemed_by: Mapped[str | None] = mapped_column(String(255), nullable=True)
+    entry_id: Mapped[int | None] = mapped_column(
+        ForeignKey("entries.id"), nullable=True, unique=True
+    )
+
+
+class RedeemFailure(Base):
+    """A voucher code that did not redeem (unknown, used, expired, revoked): what the rate
+    limit counts, per user and for the whole site. Rows older than the limit's window are
+    deleted as new ones come; nothing here is money."""
+
+    __tablename__ = "redeem_failures"
+    __table_args__ = (
+        Index("ix_redeem_failures_user", "user_name", "created_at"),
+        Index("ix_redeem_failures_at", "created_at"),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    user_name: Mapped[str] = mapped_column(String(255))
+    created_at: Mapped[int] = mapped_column(BigInteger)

@@ -1,7 +1,8 @@
 """A seeded simulation of the ledger under crashes, duplicate ticks and DB errors.
 
-Each seed drives users through grants, spawns, ready, meter ticks (sometimes twice, sometimes
-late), stops and crashes injected between the statements of a transaction, on a fake clock.
+Each seed drives users through grants, voucher redemptions and provider top-ups (each
+sometimes retried), spawns, ready, meter ticks (sometimes twice, sometimes late), stops and
+crashes injected between the statements of a transaction, on a fake clock.
 Some spawns pay from one or two group wallets, on which some members have a cap (week, month
 or total; the clock starts a few hours before Monday 1 February 2027 00:00 UTC, where a week
 and a month both begin). After every step the audit must be clean, every balance must equal
@@ -43,6 +44,7 @@ from meterhub.billing_hooks.ledger import CapReached, InsufficientCredit
 from meterhub.billing_hooks.meter import Meter
 from meterhub.billing_hooks.money import MICROS, accrued, to_micros
 from meterhub.billing_hooks.orm import Entry, MeteredSession, Wallet
+from meterhub.billing_hooks.vouchers import RedeemLimited, VoucherRefused
 from meterhub.billing_hooks.wallets import period_start
 
 from .billing_support import charge_totals, make_ledger
@@ -62,6 +64,7 @@ FAULT_POINTS = (
     "entry-written",
     "session-read",
     "metered-through-advanced",
+    "voucher-claimed",
 )
 
 
@@ -123,6 +126,13 @@ def simulate(seed: int, engine=None) -> None:
     captured: dict[int, str] = {}
     to_stop: set[int] = set()
     grant_keys: dict[str, tuple[str, int]] = {}
+    # vouchers users redeem (the same code again: a retry, or someone else's) and a
+    # provider's top-ups (the same transaction again: its retry)
+    vouchers = {
+        made.code: made.voucher.amount_micros
+        for made in ledger.create_vouchers(rng.randrange(1, 20) * MICROS, 3, "cli:op")
+    }
+    transactions: dict[str, tuple[str, int]] = {}
     last_pass: list[int] = []
 
     def attempt(action, *args, **kwargs):
@@ -141,7 +151,10 @@ def simulate(seed: int, engine=None) -> None:
                 open_sessions.pop(session_id, None)
                 to_stop.discard(session_id)
         op = rng.choice(
-            ["grant", "grant", "spawn", "ready", "tick", "tick", "tick", "stop", "time"]
+            [
+                *("grant", "grant", "spawn", "ready", "tick", "tick", "tick", "stop", "time"),
+                *("voucher", "topup"),
+            ]
         )
         user = rng.choice(USERS)
         if op == "grant":
@@ -159,6 +172,26 @@ def simulate(seed: int, engine=None) -> None:
                     before = 10 * MICROS
                 # a retried key moves nothing the second time
                 if ledger.balance(owner) - before == amount:
+                    granted[owner] += amount
+        elif op == "voucher":
+            code = rng.choice(list(vouchers))
+            try:
+                posted = attempt(ledger.redeem_voucher, user, code, user)
+            except (VoucherRefused, RedeemLimited):
+                posted = None  # used by someone else, or too many of those: nothing moved
+            if posted is not None:
+                known.add(user)
+                if not posted.replayed:
+                    granted[user] += vouchers[code]
+        elif op == "topup":
+            transaction = f"pay-{rng.randrange(4)}"
+            if transaction not in transactions:
+                transactions[transaction] = (user, rng.randrange(1, 300) * 10_000)
+            owner, amount = transactions[transaction]
+            posted = attempt(ledger.topup, owner, amount, transaction)
+            if posted is not None:
+                known.add(owner)
+                if not posted.replayed:
                     granted[owner] += amount
         elif op == "spawn":
             profile = rng.choice(list(RATES))

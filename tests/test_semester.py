@@ -27,6 +27,7 @@ from meterhub.billing_hooks.migrate import TABLES, table_digest
 from meterhub.billing_hooks.money import MICROS, to_micros
 from meterhub.billing_hooks.orm import Entry, MeteredSession
 from meterhub.billing_hooks.service import make_app
+from meterhub.billing_hooks.vouchers import VoucherRefused, new_code
 from meterhub.hub.cli import main
 from meterhub.hub.config import ConfigError, apply_config, load_site_config
 from meterhub.hub.systemd import quote_arg, unit_text
@@ -223,8 +224,9 @@ def test_a_hub_with_a_certificate_answers_https(tmp_path, monkeypatch):
 def semester_ledger(url: str) -> tuple[Ledger, FakeClock]:
     """A ledger with one of everything: grants, charged sessions, a pass, an adjustment,
     a refund, notifications, reconciliations, a group with a wallet, an admin, a cap and
-    a queued membership change, a course with a roster and a student's allowance, and a
-    session with its own cap that fell back to debug mode (a queued restart)."""
+    a queued membership change, a course with a roster and a student's allowance, a
+    session with its own cap that fell back to debug mode (a queued restart), vouchers
+    (one redeemed), a failed redemption and a provider's top-up."""
     clock = FakeClock()
     ledger = Ledger(connect(url), clock=clock)
     rate = to_micros("4.50")
@@ -261,6 +263,12 @@ def semester_ledger(url: str) -> tuple[Ledger, FakeClock]:
     clock.advance(30)
     ledger.close_session(capped)
     ledger.request_restart("ann", "gpu", capped, "user:ann", "cap")
+    # a voucher redeemed, one left, a code that did not work, and a provider's top-up
+    used, _unused = ledger.create_vouchers(5 * MICROS, 2, "cli:root", note="open day")
+    ledger.redeem_voucher("ann", used.code, "ann")
+    with pytest.raises(VoucherRefused):
+        ledger.redeem_voucher("bo", new_code(), "bo")
+    ledger.topup("bo", 12 * MICROS, "pay_1", "Alipay")
     ledger.record_audit()
     return ledger, clock
 
