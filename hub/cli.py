@@ -168,12 +168,14 @@ def build_parser() -> argparse.ArgumentParser:
     from .disk_cli import add_commands as add_disk_commands
     from .group_cli import add_commands as add_group_commands
     from .stop_cli import add_command as add_stop_command
+    from .voucher_cli import add_commands as add_voucher_commands
 
     add_stop_command(commands)
     add_commands(commands)
     add_group_commands(commands)
     add_course_commands(commands)
     add_disk_commands(commands)
+    add_voucher_commands(commands)
     return parser
 
 
