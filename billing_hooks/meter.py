@@ -491,7 +491,8 @@ class Meter:
                 return self.catalog.choice(session.profile, session.gpus).label
             except Exception:
                 pass
-        return f"{session.gpus} × {session.profile}" if session.gpus else "debug mode (no GPU)"
+        # a profile the catalog no longer lists: said as the catalog says debug mode
+        return f"{session.gpus} × {session.profile}" if session.gpus else _("debug mode (no GPU)")
 
     def _fall_back(self, view, session, reason: str, action: str, result: PassResult) -> bool:
         """Stop the session's server; for action "debug" (a GPU server) queue its restart in

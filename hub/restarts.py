@@ -14,11 +14,14 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+from functools import partial
 from urllib.parse import quote
 
 from jupyterhub import orm
 from jupyterhub.utils import url_path_join
 from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
+
+from meterhub.i18n import N_, _, using
 
 log = logging.getLogger("meterhub.restarts")
 
@@ -26,6 +29,16 @@ log = logging.getLogger("meterhub.restarts")
 GIVE_UP_SECONDS = 600
 #: the user's token for one restart lives this long
 TOKEN_SECONDS = 120
+
+#: why a restart did not happen: a message (marked with N_) and its values, said in each
+#: reader's language when the notification is read and in English in the log and the ledger
+Reason = tuple[str, dict[str, object]]
+
+
+def said(reason: Reason) -> str:
+    """`reason` in the language of the moment."""
+    message, values = reason
+    return _(message, **values)
 
 
 def _server_path(user: str, server_name: str) -> str:
@@ -41,10 +54,13 @@ async def run_restarts(app, ledger) -> int:
     pending = await asyncio.to_thread(ledger.pending_restarts)
     started = 0
     for restart in pending:
-        outcome = await _restart(app, restart, ledger.clock())
-        if outcome is None:
+        reason = await _restart(app, restart, ledger.clock())
+        if reason is None:
             continue  # still stopping: the next sync looks again
-        if outcome:
+        outcome = ""
+        if reason:
+            with using("en"):
+                outcome = said(reason)
             log.warning(
                 "Not restarting %s/%s in debug mode: %s",
                 restart.user_name,
@@ -56,8 +72,7 @@ async def run_restarts(app, ledger) -> int:
                 restart.user_name,
                 f"restart-failed:{restart.id}",
                 "stopped",
-                f"Your server could not be started again in debug mode ({outcome}). It is"
-                " stopped; your files are kept. Start it from the Hub Control Panel.",
+                partial(restart_failed, reason),
             )
         else:
             started += 1
@@ -65,23 +80,36 @@ async def run_restarts(app, ledger) -> int:
     return started
 
 
-async def _restart(app, restart, now: int) -> str | None:
-    """ "" when started, a reason when not, None to look again at the next sync."""
+def restart_failed(reason: Reason) -> str:
+    """The user's notification of a restart that did not happen, in the language of the
+    moment (the ledger keeps it in every language)."""
+    return _(
+        "Your server could not be started again in debug mode (%(reason)s). It is stopped;"
+        " your files are kept. Start it from the Hub Control Panel.",
+        reason=said(reason),
+    )
+
+
+async def _restart(app, restart, now: int) -> Reason | tuple[()] | None:
+    """() when started, a reason when not, None to look again at the next sync."""
     if now - restart.created_at > GIVE_UP_SECONDS:
         # the hub was down, or the server would not stop: a restart this late would start
         # (and charge for) a server its user no longer expects
-        return f"it was asked for more than {GIVE_UP_SECONDS // 60} minutes ago"
+        return (
+            N_("it was asked for more than %(minutes)s minutes ago"),
+            {"minutes": GIVE_UP_SECONDS // 60},
+        )
     try:
         user = app.users[restart.user_name]
     except KeyError:
-        return "the user no longer exists"
+        return (N_("the user no longer exists"), {})
     if restart.server_name and restart.server_name not in user.orm_spawners:
-        return "the server no longer exists"
+        return (N_("the server no longer exists"), {})
     spawner = user.spawners[restart.server_name]
     if spawner.active or spawner.pending:
         started = spawner.orm_spawner.started
         if spawner.ready and started is not None and started.timestamp() > restart.created_at:
-            return "its user started it again meanwhile"
+            return (N_("its user started it again meanwhile"), {})
         return None
     token = user.new_api_token(
         note="meterhub: restart in debug mode",
@@ -103,7 +131,7 @@ async def _restart(app, restart, now: int) -> str | None:
     except HTTPClientError as e:
         return _refusal(e)
     except Exception as e:
-        return f"the hub did not answer: {e}"
+        return (N_("the hub did not answer: %(error)s"), {"error": e})
     finally:
         found = orm.APIToken.find(app.db, token)
         if found is not None:
@@ -116,14 +144,20 @@ async def _restart(app, restart, now: int) -> str | None:
         restart.reason,
         json.loads(restart.options),
     )
-    return ""
+    return ()
 
 
-def _refusal(error: HTTPClientError) -> str:
-    said = ""
+def _refusal(error: HTTPClientError) -> Reason:
+    """The hub's refusal of the start (its message is the hub's, in English: no reader asked)."""
+    message = ""
     if error.response is not None and error.response.body:
         try:
-            said = json.loads(error.response.body).get("message") or ""
+            message = json.loads(error.response.body).get("message") or ""
         except (ValueError, AttributeError):
             pass
-    return f"{error.code}: {said}" if said else f"the hub answered {error.code}"
+    if message:
+        return (
+            N_("the hub answered %(code)s: %(message)s"),
+            {"code": error.code, "message": message},
+        )
+    return (N_("the hub answered %(code)s"), {"code": error.code})
