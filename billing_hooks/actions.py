@@ -150,15 +150,20 @@ def refund(
         raise ActionError(409, str(e)) from None
 
 
-def pass_offers(catalog, capacity: dict[str, int] | None = None) -> list[dict]:
+def pass_offers(
+    catalog, capacity: dict[str, int] | None = None, groups: Iterable[str] | None = None
+) -> list[dict]:
     """Every pass one can buy: GPU profile × count × period, with its price. With
-    `capacity` (GPUs per type the site has), only passes the site could ever honour."""
+    `capacity` (GPUs per type the site has), only passes the site could ever honour; with
+    `groups` (the buyer's), only choices the buyer may start (`profiles.*.allowed_groups`)."""
     offers = []
     for slug, profile in catalog.profiles().items():
         if profile.is_debug:
             continue
         for gpus in profile.counts:
             if capacity is not None and gpus > capacity.get(slug, 0):
+                continue
+            if groups is not None and catalog.refusal(catalog.choice(slug, gpus), set(groups)):
                 continue
             for period in PASS_PERIODS:
                 offers.append(
@@ -184,17 +189,23 @@ def buy_pass(
     source: str,
     actor: str = SYSTEM,
     capacity: dict[str, int] | None = None,
+    groups: Iterable[str] | None = None,
 ) -> Posted:
     """Buy a pass from the wallet at the catalog's price. Returns Posted(pass).
 
     `capacity` (GPUs per type, on the local backend): the pass must fit beside every other
-    valid pass; None sells without a reservation check."""
+    valid pass; None sells without a reservation check. `groups` (the buyer's own): a
+    choice limited to other groups is refused, as its spawn would be; None: not checked (a
+    billing admin buying for someone)."""
     key = check_key(key)
     try:
         choice = catalog.parse({"profile": profile, "gpus": gpus})
         price = catalog.pass_price(choice.profile.slug, choice.gpus, period)
     except InvalidChoice as e:
         raise ActionError(400, str(e)) from None
+    refusal = "" if groups is None else catalog.refusal(choice, set(groups))
+    if refusal:
+        raise ActionError(403, refusal)
     try:
         return ledger.buy_pass(
             user,

@@ -34,7 +34,7 @@ from tornado import web
 from meterhub.i18n import _
 from meterhub.spawner.catalog import PASS_PERIODS
 
-from . import actions, course_actions
+from . import actions, course_actions, topup_actions, topups
 from .courses import lab_phrase
 from .groups import month_bounds, runway, runway_phrase
 from .ledger import Ledger
@@ -56,7 +56,7 @@ from .scopes import (
     may_spend,
     teaches,
 )
-from .settings import priced_catalog
+from .settings import BillingSettings, priced_catalog
 from .wallets import GROUP_NAME, fold
 
 MAX_PAGE = 500
@@ -266,6 +266,8 @@ class BillingHandler(HubOAuthenticated, web.RequestHandler):
             message = exc.log_message % exc.args if exc.args else exc.log_message
         if status_code == 405:
             self.set_header("Allow", ", ".join(sorted(self.access)))
+        for name, value in getattr(exc, "headers", {}).items():  # Retry-After, WWW-Authenticate
+            self.set_header(name, value)
         self.set_header("Content-Type", "application/json")
         self.finish(json.dumps({"status": status_code, "message": message}))
 
@@ -706,7 +708,7 @@ class PassesHandler(BillingHandler):
         catalog = await self.catalog()
         offers = [
             {k: offer[k] for k in ("profile", "gpus", "period", "price")}
-            for offer in actions.pass_offers(catalog, self.settings["capacity"])
+            for offer in actions.pass_offers(catalog, self.settings["capacity"], self.groups(name))
         ]
         self.send({"passes": [_pass_json(p) for p in held], "offers": offers})
 
@@ -728,8 +730,16 @@ class PassesHandler(BillingHandler):
             "api",
             actor=self.actor,
             capacity=self.settings["capacity"],
+            groups=self.groups(name),
         )
         self.send_posted(posted, _pass_json)
+
+    def groups(self, name: str) -> list[str] | None:
+        """The owner's own groups, which limit what they may start (and so buy a pass for);
+        None for a billing admin acting on someone else's wallet."""
+        if not self.owns(name):
+            return None
+        return list((self.current_user or {}).get("groups") or ())
 
     async def authorize(self, name: str | None = None) -> None:
         if name is None and self.request.method == "POST":
@@ -742,6 +752,115 @@ class PassesHandler(BillingHandler):
                 )
             return
         await super().authorize(name)
+
+
+class HeadedError(web.HTTPError):
+    """A refusal with headers of its own (write_error sets them after clearing the reply)."""
+
+    def __init__(self, status: int, message: str, headers: dict[str, str]):
+        super().__init__(status, "%s", message)
+        self.headers = headers
+
+
+def billing_settings(handler: BillingHandler) -> BillingSettings:
+    """The site's billing settings, made once per application."""
+    if "billing_settings" not in handler.settings:
+        handler.settings["billing_settings"] = BillingSettings(config=handler.settings["config"])
+    return handler.settings["billing_settings"]
+
+
+class RedeemHandler(BillingHandler):
+    """A user redeems a voucher code into their own wallet. It needs the spend scope: a
+    server's own token (what any code in a notebook holds) reads the wallet only, and must
+    not be able to use up a code, nor guess at codes in the user's name."""
+
+    access = {"POST": SPEND}
+    path = "/wallet/redeem"
+
+    async def post(self):
+        model = self.current_user
+        if not may_spend(self.scopes):
+            raise web.HTTPError(
+                403,
+                "%s",
+                _(
+                    "Redeeming a voucher needs the custom:meterhub:spend scope; this token (a"
+                    " server's own token?) may only read"
+                ),
+            )
+        if model.get("kind", "user") != "user":
+            raise web.HTTPError(400, "%s", _("A voucher is redeemed with a user's own token"))
+        name = model["name"]
+        await self.authorize(name)
+        code = self.body()["code"]
+        limits = billing_settings(self).redeem_limits
+        try:
+            posted = await asyncio.to_thread(
+                topup_actions.redeem, self.ledger, name, code, self.actor, limits
+            )
+        except topup_actions.RateLimited as e:
+            raise HeadedError(429, e.message, {"Retry-After": str(e.retry_after)}) from None
+        except actions.ActionError as e:
+            raise web.HTTPError(e.status, "%s", e.message) from None
+        self.send_posted(posted, _entry_json)
+
+
+class TopUpHandler(BillingHandler):
+    """A payment provider's webhook: credit a user once per transaction. Authenticated by
+    the HMAC of its body (billing_hooks/topups.py), never by a JupyterHub token."""
+
+    access = {"POST": PUBLIC}
+    path = "/topups"
+
+    async def secret(self) -> bytes:
+        """The webhook's key, read once (the file may be on a slow disk): 503 without one."""
+        if "topup_secret" not in self.settings:
+            try:
+                self.settings["topup_secret"] = await asyncio.to_thread(
+                    billing_settings(self).topup_key
+                )
+            except (OSError, ValueError) as e:
+                # the reason names the file or the length, never the secret
+                reason = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
+                self.settings["topup_secret"] = None
+                self.settings["topup_secret_problem"] = reason
+        key = self.settings["topup_secret"]
+        if key is None:
+            problem = self.settings.get("topup_secret_problem")
+            raise web.HTTPError(
+                503,
+                "Top-ups are not set up on this site: %s",
+                problem or "billing.topup_secret (or topup_secret_file) is not set",
+            )
+        return key
+
+    async def post(self):
+        key = await self.secret()
+        if self._size > MAX_BODY:
+            raise web.HTTPError(413, "The body is larger than %d bytes", MAX_BODY)
+        headers = self.request.headers
+        try:
+            topups.verify(
+                key,
+                headers.get(topups.TIMESTAMP_HEADER),
+                headers.get(topups.SIGNATURE_HEADER),
+                b"".join(self._chunks),
+                self.ledger.clock(),
+            )
+        except topups.SignatureError as e:
+            raise HeadedError(
+                401, str(e), {"WWW-Authenticate": f'{topups.SIGNATURE_HEADER} realm="top-ups"'}
+            ) from None
+        body = self.body()
+        user = body["user"]
+        if len(user) > MAX_NAME or not await self.settings["user_exists"](user):
+            raise web.HTTPError(404, "No such user: %s", user[:MAX_NAME])
+        maximum = Decimal(billing_settings(self).max_topup)
+        posted = await self.act(topup_actions.topup, self.ledger, body, maximum)
+        self.send(
+            {**_entry_json(posted.value), "user": user, "transaction": body["transaction"]},
+            status=200 if posted.replayed else 201,
+        )
 
 
 def _price_json(profile, overrides: dict) -> dict:
@@ -1080,6 +1199,8 @@ ROUTES: list[tuple[str, str, type[BillingHandler]]] = [
     ("/health", "health", HealthHandler),
     ("/openapi.json", "openapi.json", OpenAPIHandler),
     ("/wallet", "wallet", MeHandler),
+    ("/wallet/redeem", "wallet/redeem", RedeemHandler),
+    ("/topups", "topups", TopUpHandler),
     ("/users/{name}/wallet", r"users/([^/]+)/wallet", WalletHandler),
     ("/users/{name}/usage", r"users/([^/]+)/usage", UsageHandler),
     ("/users/{name}/notifications", r"users/([^/]+)/notifications", NotificationsHandler),

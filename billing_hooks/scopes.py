@@ -4,9 +4,10 @@ Billing reads the scopes JupyterHub reports for the token a request carries:
 
 - `custom:meterhub:admin` (or JupyterHub's unfiltered `admin:users`): grant, adjust,
   refund, set prices, act on anyone's wallet.
-- `custom:meterhub:spend`: spend the token owner's own credit (buy passes). The `user` role
-  has it; a server's own token (what code in a kernel holds) does not, so a notebook can
-  read its owner's wallet but not spend it.
+- `custom:meterhub:spend`: spend the token owner's own credit (buy passes) and redeem
+  vouchers into it. The `user` role has it; a server's own token (what code in a kernel
+  holds) does not, so a notebook can read its owner's wallet but neither spend it nor use
+  up (or guess at) voucher codes in its owner's name.
 - `custom:meterhub:group-admin!group=NAME`: manage group NAME's wallet as its admin (a PI):
   see its balance, members' spend and running servers, set members' caps, download its
   statements. Never grant money from nothing, never another group. With it, the group's
@@ -49,7 +50,9 @@ CUSTOM_SCOPES = {
         "description": "Manage everyone's credit in meterhub: grants, adjustments, refunds,"
         " prices and passes for any user."
     },
-    SPEND_SCOPE: {"description": "Spend your own meterhub credit: buy passes."},
+    SPEND_SCOPE: {
+        "description": "Spend your own meterhub credit (buy passes) and redeem vouchers into it."
+    },
     GROUP_ADMIN_SCOPE: {
         "description": "Manage a group's meterhub wallet as its admin: members' caps, spend"
         " and statements (filtered by !group=)."

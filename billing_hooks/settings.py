@@ -84,6 +84,72 @@ class BillingSettings(LoggingConfigurable):
         """,
     ).tag(config=True)
 
+    topup_url = Unicode(
+        "",
+        help="""
+        Where the Wallet page sends people to buy credit (site config `billing.topup_url`):
+        the site's payment page. `{user}` in it is replaced by the user's name (URL-encoded),
+        for a page that needs to know whom a payment is for. Empty: no link.
+        """,
+    ).tag(config=True)
+    topup_secret = Unicode(
+        "",
+        help="""
+        The HMAC-SHA256 key a payment provider signs top-up webhooks with (site config
+        `billing.topup_secret`, or $METERHUB_TOPUP_SECRET), at least 32 bytes. Whoever
+        knows it can credit any wallet: keep it out of logs and version control; prefer
+        `topup_secret_file`. Empty (and no file): the top-up route answers 503.
+        """,
+    ).tag(config=True)
+    topup_secret_file = Unicode(
+        "",
+        help="""
+        A file whose first line is the top-up webhook's secret (site config
+        `billing.topup_secret_file`), read by the billing service when the first top-up
+        arrives. Readable by the hub's user only. `topup_secret` wins when both are set.
+        """,
+    ).tag(config=True)
+    max_topup = Unicode(
+        "10000", help="A provider's top-up must be below this amount (an amount string)."
+    ).tag(config=True)
+    redeem_failures_per_user = Int(
+        10,
+        min=1,
+        help="""
+        Voucher codes that may fail (unknown, used, expired, revoked) per user in
+        `redeem_window_seconds`; more are refused with 429 until the oldest leave the window.
+        """,
+    ).tag(config=True)
+    redeem_failures_overall = Int(
+        500,
+        min=1,
+        help="""
+        Voucher codes that may fail for the whole site in `redeem_window_seconds` (many
+        accounts guessing together). Reaching it refuses everyone's redemptions until the
+        window moves on: set it well above what typos by honest users add up to.
+        """,
+    ).tag(config=True)
+    redeem_window_seconds = Int(
+        900, min=1, help="The window the voucher rate limits count failures in. Seconds."
+    ).tag(config=True)
+
+    @property
+    def redeem_limits(self):
+        from .vouchers import RedeemLimits
+
+        return RedeemLimits(
+            self.redeem_failures_per_user,
+            self.redeem_failures_overall,
+            self.redeem_window_seconds,
+        )
+
+    def topup_key(self) -> bytes | None:
+        """The top-up webhook's secret (blocking: it may read a file); None when not set.
+        OSError or ValueError, never holding the secret, when it cannot be used."""
+        from .topups import read_secret
+
+        return read_secret(self.topup_secret or None, self.topup_secret_file or None)
+
     @property
     def min_seconds_to_start(self) -> int:
         return self.min_minutes_to_start * 60

@@ -33,6 +33,7 @@ from meterhub.spawner.sandbox import bwrap_works
 
 from .accounts import AccountError, add_user
 from .config import (
+    TOPUP_SECRET_ENV,
     ConfigError,
     apply_config,
     apply_config_d,
@@ -392,7 +393,11 @@ def billing_service(site: dict, config_path: str | None) -> tuple[list[dict], li
         "command": command,
         "url": f"http://{billing_host(site)}:{site['hub']['billing_port']}",
         "cwd": os.getcwd(),
-        "environment": {"PYTHONUNBUFFERED": "1"},
+        "environment": {
+            "PYTHONUNBUFFERED": "1",
+            # a managed service sees none of the hub's environment but what it is given
+            **{k: os.environ[k] for k in (TOPUP_SECRET_ENV,) if os.environ.get(k)},
+        },
         # the navigation bar links the Wallet page instead
         "display": False,
     }

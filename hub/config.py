@@ -1,8 +1,8 @@
 """The site config: one YAML file, checked by a JSON schema, translated to traitlets.
 
 `apply_config` sets values only on the Config it is given (it reads the OAuth client
-secret from the environment and finds NativeAuthenticator's templates, nothing else), so
-the translation is tested by applying it to a fresh `Config()`.
+secret and the top-up secret from the environment and finds NativeAuthenticator's
+templates, nothing else), so the translation is tested by applying it to a fresh `Config()`.
 """
 
 from __future__ import annotations
@@ -249,6 +249,9 @@ def complete(site: dict, cwd: str | None = None) -> dict:
     for key in ("cert_file", "key_file"):
         if key in site.get("https", {}):
             site["https"][key] = os.path.abspath(os.path.join(base, site["https"][key]))
+    if "topup_secret_file" in site.get("billing", {}):
+        secret_file = site["billing"]["topup_secret_file"]
+        site["billing"]["topup_secret_file"] = os.path.abspath(os.path.join(base, secret_file))
     if site["local"]["sandbox"] is False:
         site["local"]["sandbox"] = "off"
     billing = site["billing"]
@@ -324,6 +327,9 @@ OAUTH_CLASSES = {
     "generic-oauth": "oauthenticator.generic.GenericOAuthenticator",
 }
 
+
+#: where a payment provider's top-up secret may come from instead of the site config
+TOPUP_SECRET_ENV = "METERHUB_TOPUP_SECRET"
 
 #: the hub's cookies (login, session, `_xsrf`): not sent on cross-site POSTs, sub-requests
 #: or frames. No `secure` here: it would override JupyterHub, which adds Secure itself when
@@ -499,6 +505,7 @@ KUBE_BILLING_API = "http://meterhub-billing:8082/services/billing/api/v1"
 PAGE_HANDLERS = [
     (r"/wallet", "meterhub.hub.pages.WalletPage"),
     (r"/wallet/passes", "meterhub.hub.pages.WalletPassesPage"),
+    (r"/wallet/redeem", "meterhub.hub.pages.WalletRedeemPage"),
     (r"/wallet/usage.csv", "meterhub.hub.pages.WalletCsv"),
     (r"/prices", "meterhub.hub.pages.PricesPage"),
     (r"/billing-admin", "meterhub.hub.pages.BillingAdminPage"),
@@ -570,9 +577,23 @@ def apply_spawner_config(site: dict, c: Config) -> Config:
     ):
         if key in billing:
             setattr(c.BillingSettings, key, billing[key])
-    for key in ("trial_credit", "overdraft", "max_grant"):
+    for key in ("trial_credit", "overdraft", "max_grant", "max_topup"):
         if key in billing:
             setattr(c.BillingSettings, key, str(billing[key]))
+    for key in (
+        "topup_url",
+        "topup_secret",
+        "topup_secret_file",
+        "redeem_failures_per_user",
+        "redeem_failures_overall",
+        "redeem_window_seconds",
+    ):
+        if key in billing:
+            setattr(c.BillingSettings, key, billing[key])
+    if os.environ.get(TOPUP_SECRET_ENV):
+        # a secret does not belong in a config file (the managed billing service gets it
+        # from the hub's environment, hub.app.billing_service)
+        c.BillingSettings.topup_secret = os.environ[TOPUP_SECRET_ENV]
     groups = site.get("groups", {})
     if "alert_balances" in groups:
         c.BillingSettings.group_alert_balances = [str(v) for v in groups["alert_balances"]]

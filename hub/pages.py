@@ -13,12 +13,13 @@ import time
 import uuid
 from datetime import UTC, datetime
 from decimal import Decimal
+from urllib.parse import quote
 
 from jupyterhub.handlers import BaseHandler
 from markupsafe import Markup
 from tornado import web
 
-from meterhub.billing_hooks import actions
+from meterhub.billing_hooks import actions, topup_actions
 from meterhub.billing_hooks.api import usage_json, wallet_json
 from meterhub.billing_hooks.money import CURRENCY_SYMBOLS, accrued, format_money, to_micros
 from meterhub.billing_hooks.scopes import GROUP_ADMIN_SCOPE, is_billing_admin, may_spend
@@ -212,6 +213,7 @@ class MeterhubPage(BaseHandler):
         html = self.render_template(
             template,
             sync=True,
+            status=status,
             money=self.money,
             when=when,
             time_tag=time_tag,
@@ -235,7 +237,8 @@ class WalletPage(MeterhubPage):
         capacity = await self.capacity()
         scopes = self.expanded_scopes
         # the hub's ORM on the event loop's thread; the ledger in a thread
-        groups = {g.name for g in self.current_user.groups} | administered_groups(scopes)
+        member_of = [g.name for g in self.current_user.groups]
+        groups = set(member_of) | administered_groups(scopes)
 
         def read():
             ledger.ensure_user(user)
@@ -258,7 +261,8 @@ class WalletPage(MeterhubPage):
                 "wallet": wallet,
                 "usage": usage_json(ledger, user, 50),
                 "passes": ledger.passes(user),
-                "offers": actions.pass_offers(catalog, capacity),
+                # only what the site has and this user may start
+                "offers": actions.pass_offers(catalog, capacity, member_of),
                 "may_spend": may_spend(scopes),
                 "notifications": ledger.notifications(user)[-10:],
                 "groups": ledger.known_groups(groups),
@@ -270,6 +274,7 @@ class WalletPage(MeterhubPage):
 
         data = await asyncio.to_thread(read)
         data["disk"] = await self.disk_data()
+        data["topup_link"] = topup_link(self.billing.topup_url, user)
         return data
 
     @web.authenticated
@@ -334,6 +339,7 @@ class WalletPassesPage(WalletPage):
             "page",
             self.current_user.name,
             await self.capacity(),
+            [g.name for g in self.current_user.groups],
         )
         if posted is not None:
             held = posted.value
@@ -347,6 +353,52 @@ class WalletPassesPage(WalletPage):
                     until=when(held.ends_at),
                 )
             )
+
+
+class WalletRedeemPage(WalletPage):
+    """The Wallet's "Redeem a voucher" form: the code credits the signed-in user's own
+    wallet, through the same action and rate limit as the API."""
+
+    @web.authenticated
+    async def post(self):
+        if not may_spend(self.expanded_scopes):
+            raise web.HTTPError(
+                403, "%s", _("Redeeming a voucher needs the custom:meterhub:spend scope")
+            )
+        ledger = await self.billing.ledger_async()
+        user = self.current_user.name
+        code = self.get_body_argument("code", "")
+        try:
+            posted = await asyncio.to_thread(
+                topup_actions.redeem, ledger, user, code, user, self.billing.redeem_limits
+            )
+        except topup_actions.RateLimited as e:
+            self.set_header("Retry-After", str(e.retry_after))
+            await self.show(error=e.message, status=429)
+            return
+        except actions.ActionError as e:
+            await self.show(error=e.message, status=e.status)
+            return
+        entry = posted.value
+        if posted.replayed:
+            message = _(
+                "You redeemed this voucher on %(when)s: it gave %(amount)s.",
+                when=when(entry.created_at),
+                amount=self.money(entry.amount_micros),
+            )
+        else:
+            message = _(
+                "Voucher redeemed: %(amount)s added; your balance is %(balance)s.",
+                amount=self.money(entry.amount_micros),
+                balance=self.money(entry.balance_after_micros),
+            )
+        await self.show(message=message)
+
+
+def topup_link(url: str, user: str) -> str:
+    """The site's payment page for this user (`billing.topup_url`, `{user}` filled in,
+    URL-encoded), or "" when the site has none."""
+    return url.replace("{user}", quote(user, safe="")) if url else ""
 
 
 class WalletCsv(MeterhubPage):

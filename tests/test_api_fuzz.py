@@ -76,7 +76,9 @@ FUZZ_CONFIG = {
 @pytest.fixture(scope="module")
 def fuzz_hub(hub_factory):
     gpus = [{"type": "a800", "count": 1}, {"type": "rtx4090", "count": 2}]
-    hub = hub_factory({"gpus": gpus, "billing": {"trial_credit": "10.00"}}, name="fuzz")
+    # a top-up secret: the hook then answers unsigned requests 401, never 503 (unset)
+    billing = {"trial_credit": "10.00", "topup_secret": "fuzz-" + "f" * 32}
+    hub = hub_factory({"gpus": gpus, "billing": billing}, name="fuzz")
     for name in USERS:
         hub.ensure_user(name)
     # one charged, closed session so that refunds have something real to refund

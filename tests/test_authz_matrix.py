@@ -74,6 +74,8 @@ PUBLIC = row(200, 200, 200, 200, 200, 200, 200, 200)
 OWN = row(403, 200, 403, 200, 403, 200, 403, 200)
 
 A_PASS = {"profile": "a800", "gpus": 1, "period": "daily"}
+#: a well-formed voucher code no voucher has
+UNKNOWN_CODE = "7KQ2M-X9D4R-0BN3S-W8TZE"
 
 #: (method, path in openapi.yaml) -> (body, expected status per actor)
 API = {
@@ -81,6 +83,17 @@ API = {
     ("GET", "/openapi.json"): (None, PUBLIC),
     # the caller's own wallet; a service has none
     ("GET", "/wallet"): (None, row(403, 200, 200, 200, 200, 200, 403, 400)),
+    # redeeming a voucher into one's own wallet: any of a user's spend-scoped tokens (an
+    # unknown code: 404, nothing written); not a server's token, not a service (no wallet)
+    ("POST", "/wallet/redeem"): (
+        {"code": UNKNOWN_CODE},
+        row(403, 404, 404, 404, 403, 403, 403, 400),
+    ),
+    # the payment provider's hook: its HMAC signature, never a hub token, whoever's it is
+    ("POST", "/topups"): (
+        {"transaction": "matrix", "user": USER, "amount": "0.01"},
+        row(401, 401, 401, 401, 401, 401, 401, 401, 401, 401, 401),
+    ),
     ("GET", "/users/{name}/wallet"): (None, OWN),
     ("GET", "/users/{name}/usage"): (None, OWN),
     ("GET", "/users/{name}/notifications"): (None, OWN),
@@ -187,6 +200,9 @@ PAGES = {
     ("GET", "/wallet/usage.csv"): (None, OWN_PAGE),
     # 402: nobody here can afford the pass, and nothing is written
     ("POST", "/wallet/passes"): ({"offer": "a800:1:daily"}, page_row(403, 402, 402)),
+    ("GET", "/wallet/redeem"): (None, OWN_PAGE),
+    # an unknown code: refused for each signed-in user, into their own wallet only
+    ("POST", "/wallet/redeem"): ({"code": UNKNOWN_CODE}, page_row(403, 404, 404)),
     # the prices: for anyone, signed in or not (the sign-in page links them)
     ("GET", "/prices"): (None, page_row(200, 200, 200)),
     ("GET", "/billing-admin"): (None, ADMIN_PAGE),
@@ -297,7 +313,10 @@ def process_env(match) -> dict:
 @pytest.fixture(scope="module")
 def matrix_hub(hub_factory):
     hub = hub_factory(
-        {"gpus": [{"type": "a800", "count": 1}], "billing": {"trial_credit": "10.00"}},
+        {
+            "gpus": [{"type": "a800", "count": 1}],
+            "billing": {"trial_credit": "10.00", "topup_secret": "matrix-" + "s" * 32},
+        },
         name="matrix",
     )
     for name in (USER, OTHER, PI, INSTRUCTOR, TA):
