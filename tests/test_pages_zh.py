@@ -159,6 +159,8 @@ def test_the_spawn_page_is_in_chinese_with_yuan(zh_hub, browser):
     assert page.locator("#spawn_form button[type=submit]").inner_text() == "启动"
     nav = page.locator("nav").inner_text()
     assert "钱包" in nav and "退出登录" in nav
+    count = a800.locator("label.meterhub-count").nth(0).inner_text().strip()
+    assert count.startswith("1 × A800 — ¥4.50/小时 · "), count
     assert_nothing_english(page, "#meterhub-spawn", "nav")
     shot(page, "zh-spawn")
     context.close()
