@@ -31,3 +31,20 @@ def test_readme_shows_the_spawn_page():
     assert "](docs/images/spawn-page.png)" in readme
     image = ROOT / "docs" / "images" / "spawn-page.png"
     assert image.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_readme_shows_a_page_in_chinese_and_links_the_languages_doc():
+    readme = (ROOT / "README.md").read_text()
+    assert "](docs/images/spawn-page-zh.png)" in readme and "简体中文" in readme
+    assert "](docs/languages.md)" in readme
+    image = ROOT / "docs" / "images" / "spawn-page-zh.png"
+    assert image.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    languages = (ROOT / "docs" / "languages.md").read_text()
+    assert "](images/spawn-page-zh.png)" in languages
+    # the parts it says stay in English are JupyterHub's and NativeAuthenticator's own
+    # templates, not meterhub's
+    templates = {p.name for p in (ROOT / "hub" / "templates").glob("*.html")}
+    for kept in ("home.html", "spawn_pending.html", "token.html", "error.html"):
+        assert f"`{kept}`" in languages and kept not in templates, kept
+    for ours in ("login.html", "spawn.html", "signup.html", "authorization-area.html"):
+        assert ours in templates, ours
