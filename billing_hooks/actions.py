@@ -7,7 +7,9 @@ when it does.
 from __future__ import annotations
 
 import csv
+import datetime
 import io
+from collections.abc import Iterable
 from decimal import Decimal
 
 from meterhub.i18n import _
@@ -285,6 +287,15 @@ def group_usage_rows(
     ]
 
 
+def csv_time(epoch: int | str) -> str:
+    """A time in a CSV export: ISO 8601 in UTC with its offset, `2026-12-04T18:20:00+00:00`
+    (what spreadsheets and `datetime.fromisoformat` read as a moment, unlike Unix
+    seconds); "" stays "" (a session still running has no stop)."""
+    if epoch == "" or epoch is None:
+        return ""
+    return datetime.datetime.fromtimestamp(int(epoch), datetime.UTC).isoformat()
+
+
 def group_usage_csv(
     ledger: Ledger, group: str, since: int | None = None, until: int | None = None
 ) -> str:
@@ -306,7 +317,7 @@ def group_usage_csv(
         ledger, group, since, until
     ):
         amount = format_money(cost, ledger.currency, symbol=False).split()[0]
-        writer.writerow([sid, member, label, started, stopped, seconds, amount])
+        writer.writerow([sid, member, label, csv_time(started), csv_time(stopped), seconds, amount])
     return out.getvalue()
 
 
@@ -327,5 +338,5 @@ def usage_csv(ledger: Ledger, user: str) -> str:
     )
     for sid, label, started, stopped, seconds, cost in usage_rows(ledger, user):
         amount = format_money(cost, ledger.currency, symbol=False).split()[0]
-        writer.writerow([sid, label, started, stopped, seconds, amount])
+        writer.writerow([sid, label, csv_time(started), csv_time(stopped), seconds, amount])
     return out.getvalue()

@@ -4,6 +4,7 @@ ledger to PostgreSQL, and a health check that notices a meter that stopped meter
 from __future__ import annotations
 
 import csv
+import datetime
 import io
 import os
 import signal
@@ -148,7 +149,8 @@ def test_after_a_reboot_the_session_is_closed_when_last_seen(tmp_path):
         assert seen.ready_at <= closed.stopped_at <= seen.last_seen_running, hub.log_tail()
         usage = cli("usage", "rob", "--csv", "--config", str(hub.config_path), cwd=tmp_path)
         (row,) = csv.DictReader(io.StringIO(usage.stdout))
-        assert row["stopped_at"] == str(closed.stopped_at)
+        stopped = datetime.datetime.fromisoformat(row["stopped_at"])  # ISO 8601, UTC offset
+        assert stopped.tzinfo is not None and int(stopped.timestamp()) == closed.stopped_at
         assert int(row["seconds"]) == closed.stopped_at - closed.ready_at
         audit = cli("billing", "audit", "--config", str(hub.config_path), cwd=tmp_path)
         assert audit.returncode == 0 and "audit: ok" in audit.stdout, audit.stdout
