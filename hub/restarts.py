@@ -21,7 +21,8 @@ from jupyterhub import orm
 from jupyterhub.utils import url_path_join
 from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
 
-from meterhub.i18n import N_, _, using
+from meterhub.billing_hooks.hooks import LANGUAGE_ENV
+from meterhub.i18n import LANGUAGES, N_, _, html_lang, using
 
 log = logging.getLogger("meterhub.restarts")
 
@@ -80,6 +81,18 @@ async def run_restarts(app, ledger) -> int:
     return started
 
 
+def restart_headers(token: str, environment: dict) -> dict[str, str]:
+    """The restart's request: as the user, in the language the server last started in (the
+    hub starts a server in its request's language, and this request has no reader behind it:
+    without the header every restarted server would come back in English)."""
+    language = environment.get(LANGUAGE_ENV)
+    return {
+        "Authorization": f"token {token}",
+        "Content-Type": "application/json",
+        "Accept-Language": html_lang(language if language in LANGUAGES else "en"),
+    }
+
+
 def restart_failed(reason: Reason) -> str:
     """The user's notification of a restart that did not happen, in the language of the
     moment (the ledger keeps it in every language)."""
@@ -123,7 +136,7 @@ async def _restart(app, restart, now: int) -> Reason | tuple[()] | None:
             HTTPRequest(
                 url,
                 method="POST",
-                headers={"Authorization": f"token {token}", "Content-Type": "application/json"},
+                headers=restart_headers(token, spawner.environment),
                 body=restart.options,
                 request_timeout=60,
             )

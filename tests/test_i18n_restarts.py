@@ -72,3 +72,17 @@ def test_a_session_of_a_profile_the_catalog_lost_is_debug_mode_in_the_readers_la
     with i18n.using("zh_CN"):
         assert meter._label(debug) == "调试模式（无 GPU）"
         assert meter._label(SimpleNamespace(profile="l40s", gpus=2)) == "2 × l40s"
+
+
+def test_a_restarted_server_comes_back_in_the_language_it_last_started_in():
+    """The restart's request has no reader behind it: it asks for the server's last
+    language, so that the hub's pre-spawn hook starts it in that language again."""
+    chinese = restarts.restart_headers("t0k", {"METERHUB_LANGUAGE": "zh_CN", "OTHER": "1"})
+    assert chinese == {
+        "Authorization": "token t0k",
+        "Content-Type": "application/json",
+        "Accept-Language": "zh-CN",
+    }
+    assert i18n.negotiate(accept_language=chinese["Accept-Language"]) == "zh_CN"
+    for environment in ({}, {"METERHUB_LANGUAGE": "en"}, {"METERHUB_LANGUAGE": "x\r\nSet: 1"}):
+        assert restarts.restart_headers("t0k", environment)["Accept-Language"] == "en"
