@@ -51,6 +51,7 @@ from .options import (
     shared_folder_groups,
 )
 from .sandbox import SandboxSpec, bwrap_command, bwrap_works
+from .starters import copy_starters, kernel_language_info
 
 SAFE_NAME_CHARS = "abcdefghijklmnopqrstuvwxyz0123456789"
 GIB = 1024**3
@@ -1329,15 +1330,14 @@ class LocalGPUSpawner(CatalogOptions, LocalProcessSpawner):
         )
 
     def _copy_starter_notebooks(self, disk: str, run_as) -> None:
-        """A new disk starts with the starter notebooks (a copy: the user's to change)."""
+        """A new disk starts with the starter notebooks (a copy: the user's to change),
+        stamped with the server's kernel so that JupyterLab opens them unmodified."""
         if not os.path.isdir(self.starter_notebooks_dir):
             return
-        for name in sorted(os.listdir(self.starter_notebooks_dir)):
-            if name.endswith(".ipynb"):
-                target = os.path.join(disk, name)
-                shutil.copyfile(os.path.join(self.starter_notebooks_dir, name), target)
-                if run_as:
-                    os.chown(target, *run_as)
+        language_info = kernel_language_info(self.server_env_prefix)
+        for target in copy_starters(self.starter_notebooks_dir, disk, language_info):
+            if run_as:
+                os.chown(target, *run_as)
 
     def _write_identity_files(self, groups: Iterable[tuple[int, str]] = ()) -> dict[str, str]:
         """/etc/passwd and /etc/group naming the server's uid and its groups' gids, so tools

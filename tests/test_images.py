@@ -91,6 +91,9 @@ def test_images_install_meterhub_and_ship_the_notebooks(image):
     dockerfile = (IMAGES / image / "Dockerfile").read_text()
     assert "RUN pip install --no-deps /tmp/meterhub" in dockerfile
     assert "COPY images/notebooks /opt/meterhub/notebooks" in dockerfile
+    # stamped for the image's Python, after meterhub is installed (JupyterLab opens them clean)
+    stamp = "RUN python -m meterhub.spawner.starters /opt/meterhub/notebooks"
+    assert dockerfile.index("RUN pip install --no-deps /tmp/meterhub") < dockerfile.index(stamp)
     assert "USER 1000" in dockerfile
     # the server extension is switched on by installing meterhub, not by a file of the image's own
     assert "jupyter_server_config" not in dockerfile

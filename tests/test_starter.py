@@ -1,18 +1,108 @@
 """The LoRA starter in a real debug server: the shipped notebook's code cells train with
-the loss falling, and after the server restarts training resumes from its checkpoint."""
+the loss falling, and after the server restarts training resumes from its checkpoint. The
+notebook is written as Jupyter writes it and stamped with the server's kernel (JupyterLab
+opens it unmodified: tests/test_first_run_browser.py), and its run shows no FutureWarning
+of meterhub's making."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
+import nbformat
 import pytest
+from ipykernel.ipkernel import IPythonKernel
+
+from meterhub.hub.demo_pool import generate_demo_pool
+from meterhub.spawner.starters import copy_starters, kernel_language_info, stamp
 
 from .hubprocess import ADMIN_TOKEN
 from .jupyter import execute
 
 NOTEBOOK = Path(__file__).resolve().parent.parent / "images" / "notebooks" / "lora-starter.ipynb"
+#: the one FutureWarning the starter's run shows that is not meterhub's to fix by calling a
+#: library differently: peft 0.21.2's PeftModel reads transformers 5's deprecated
+#: `is_gradient_checkpointing` property whatever its caller does (the newest peft there is)
+PEFT_WARNING = "`is_gradient_checkpointing` is deprecated"
+
+
+def test_the_shipped_notebook_is_written_as_jupyter_writes_it():
+    text = NOTEBOOK.read_text(encoding="utf-8")
+    notebook = nbformat.reads(text, as_version=4)
+    nbformat.validate(notebook)
+    # what a save from JupyterLab writes: nothing to normalise, so nothing to mark modified
+    assert nbformat.writes(notebook) + "\n" == text
+    assert stamp(text, None) == text
+    assert notebook.metadata.kernelspec == {
+        "display_name": "Python 3 (ipykernel)",
+        "language": "python",
+        "name": "python3",
+    }
+    assert set(notebook.metadata.language_info) == set(IPythonKernel.language_info)
+    for cell in notebook.cells:
+        assert cell.id and cell.metadata == {}
+        if cell.cell_type == "code":
+            assert cell.outputs == [] and cell.execution_count is None
+
+
+def test_a_copy_carries_the_language_info_of_the_servers_python(tmp_path):
+    info = kernel_language_info(sys.prefix)
+    assert info == IPythonKernel.language_info  # what this Python's kernel will report
+    (tmp_path / "disk").mkdir()
+    (tmp_path / "starters").mkdir()
+    other = json.loads(NOTEBOOK.read_text())
+    other["metadata"]["language_info"] = {"name": "python", "version": "2.7.18"}
+    (tmp_path / "starters" / "a.ipynb").write_text(json.dumps(other))
+    (tmp_path / "starters" / "notes.txt").write_text("not a notebook")
+    written = copy_starters(str(tmp_path / "starters"), str(tmp_path / "disk"), info)
+    assert written == [str(tmp_path / "disk" / "a.ipynb")]
+    copied = json.loads((tmp_path / "disk" / "a.ipynb").read_text())
+    assert copied["metadata"]["language_info"] == info
+    assert copied["cells"] == other["cells"]
+    # an environment that cannot say (no Python there): copied as it is
+    assert kernel_language_info(str(tmp_path / "no-such-env")) is None
+    copy_starters(str(tmp_path / "starters"), str(tmp_path / "disk"), None)
+    assert json.loads((tmp_path / "disk" / "a.ipynb").read_text()) == other
+
+
+@pytest.fixture(scope="module")
+def starter_run(tmp_path_factory) -> str:
+    """What running the notebook's code cells prints, FutureWarnings shown every time."""
+    where = tmp_path_factory.mktemp("starter-run")
+    pool = generate_demo_pool(str(where / "pool"))
+    (where / "home").mkdir()
+    cells = json.loads(NOTEBOOK.read_text())["cells"]
+    code = "\n\n".join("".join(c["source"]) for c in cells if c["cell_type"] == "code")
+    env = dict(os.environ, HOME=str(where / "home"), METERHUB_PUBLIC_DIR=pool)
+    out = subprocess.run(
+        [sys.executable, "-W", "always::FutureWarning", "-c", f"display = print\n{code}"],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=where,
+        timeout=900,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "loss " in out.stdout and "adapter saved in" in out.stdout, out.stdout[-3000:]
+    return out.stdout + out.stderr
+
+
+def test_the_starter_shows_no_future_warning_of_meterhubs_making(starter_run):
+    shown = [line for line in starter_run.splitlines() if "FutureWarning" in line]
+    assert all(PEFT_WARNING in line for line in shown), shown
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="peft's own FutureWarning: extensions/lora.py (not this change's to edit) is to"
+    " filter it narrowly around get_peft_model; then this passes and the mark goes",
+)
+def test_the_starter_shows_no_future_warning_at_all(starter_run):
+    assert "FutureWarning" not in starter_run
 
 
 @pytest.fixture(scope="module")
@@ -26,11 +116,13 @@ def run(hub, user: str, code: str) -> str:
 
 def test_the_shipped_notebook_trains_and_resumes_after_a_restart(lab_hub):
     lab_hub.spawn("lea", {"profile": "debug"})
-    # a new disk starts with the notebook
-    assert (
-        run(lab_hub, "lea", "import os; print(os.path.isfile('lora-starter.ipynb'))").strip()
-        == "True"
+    # a new disk starts with the notebook, stamped with the Python its kernel runs
+    stamped = (
+        "import json, sys\n"
+        "info = json.load(open('lora-starter.ipynb'))['metadata']['language_info']\n"
+        "print(info['version'] == sys.version.split()[0])"
     )
+    assert run(lab_hub, "lea", stamped).strip() == "True"
     cells = json.loads(NOTEBOOK.read_text())["cells"]
     code = "\n\n".join("".join(c["source"]) for c in cells if c["cell_type"] == "code")
     out = run(lab_hub, "lea", code)
