@@ -1,0 +1,376 @@
+"""Spawn burst: N simultaneous spawns of N users on meterhub vs stock JupyterHub, with
+JupyterHub's lightweight mock single-user server (`jupyterhub.tests.mocksu`, no JupyterLab).
+
+Both hubs run side by side; bursts alternate (meterhub, stock, then stock, meterhub, ...),
+and between bursts every server is stopped. What each runs:
+
+- meterhub: `meterhub serve` (embedded default, `gpus: []`, the debug profile) with its own
+  `LocalGPUSpawner`, `local.sandbox: off`, its `server_env_prefix` pointed at a folder whose
+  `bin/jupyterhub-singleuser` runs mocksu; the billing service as always.
+- stock: JupyterHub with `SimpleLocalProcessSpawner` and `Spawner.cmd` = the same script.
+
+Both get the same `Spawner.start_timeout` / `http_timeout` and a `concurrent_spawn_limit`
+of N (JupyterHub's default, 100, answers 429 to the rest of a burst of 200). A burst sends
+the N spawn requests at once from N threads and ends when every server is ready or failed.
+CPU seconds are utime+stime from /proc/PID/stat of the hub (meterhub: + its billing service)
+over the burst; the single-user servers and the proxy are not counted (the proxy's is shown).
+Time to ready: from a user's spawn request to its route in the proxy (polled from the
+proxy's API every 0.1 s, which costs the hubs nothing); the hub's REST API is asked every 2 s
+which servers failed.
+
+    .venv/bin/python bench/spawn_burst.py --users 200 --rounds 1
+    .venv/bin/python bench/spawn_burst.py --users 200 --only meterhub --profile 330  # py-spy
+    .venv/bin/python bench/spawn_burst.py --users 200 --fast-probe  # the probe experiment
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import requests
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from bench.spawn_overhead import StockHub  # noqa: E402
+from tests.hubprocess import ADMIN_TOKEN, HubProcess, until  # noqa: E402
+
+TIMEOUT_SECONDS = 600
+PROFILE_DIR = Path(tempfile.gettempdir())
+
+#: both hubs, the same (meterhub reads it from its jupyterhub_config.d escape hatch)
+COMMON_CONFIG = """
+c.Spawner.start_timeout = {timeout}
+c.Spawner.http_timeout = {timeout}
+c.JupyterHub.concurrent_spawn_limit = {users}
+"""
+
+#: `--fast-probe`, an experiment (not meterhub's code): `group_has_live_members` reads the
+#: group leader's /proc/PID/stat first and scans all of /proc only when the leader is gone
+FAST_PROBE = """
+import meterhub.spawner.local as local
+
+_scan = local.group_has_live_members
+
+
+def group_has_live_members(pgid):
+    try:
+        with open(f"/proc/{pgid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        if int(fields[2]) == pgid and fields[0] not in ("Z", "X"):
+            return True
+    except OSError:
+        pass
+    return _scan(pgid)
+
+
+local.group_has_live_members = group_has_live_members
+"""
+
+MOCKSU = """#!{python}
+# jupyterhub.tests.mocksu from the benchmark's environment, under a Python every uid can run
+import sys
+sys.path.insert(0, {site_packages!r})
+from jupyterhub.tests.mocksu import main
+main()
+"""
+
+
+def server_python() -> str:
+    """A Python of the venv's version that the servers' uids can run (as root meterhub drops
+    each server to its own uid, which cannot traverse /root where pyenv keeps this one)."""
+    system = f"/usr/bin/python{sys.version_info.major}.{sys.version_info.minor}"
+    return system if os.path.exists(system) else sys.executable
+
+
+def write_mocksu(prefix: Path) -> Path:
+    import jupyterhub
+
+    site_packages = str(Path(jupyterhub.__file__).resolve().parent.parent)
+    script = prefix / "bin" / "jupyterhub-singleuser"
+    script.parent.mkdir(parents=True)
+    script.write_text(MOCKSU.format(python=server_python(), site_packages=site_packages))
+    script.chmod(0o755)
+    return script
+
+
+class MeterHub(HubProcess):
+    def __init__(self, workdir: Path, prefix: Path, users: int, fast_probe: bool = False):
+        super().__init__(workdir, {"gpus": [], "local": {"sandbox": "off"}})
+        extra = self.workdir / "jupyterhub_config.d"
+        extra.mkdir()
+        (extra / "bench.py").write_text(
+            COMMON_CONFIG.format(timeout=TIMEOUT_SECONDS, users=users)
+            + f"c.LocalGPUSpawner.server_env_prefix = {str(prefix)!r}\n"
+            + (FAST_PROBE if fast_probe else "")
+        )
+
+
+class StockMocksu(StockHub):
+    def __init__(self, workdir: Path, script: Path, users: int):
+        super().__init__(workdir, {})
+        self.script, self.users = script, users
+
+    def command(self) -> list[str]:
+        command = super().command()
+        config = self.workdir / "jupyterhub_config.py"
+        config.write_text(
+            config.read_text()
+            + COMMON_CONFIG.format(timeout=TIMEOUT_SECONDS, users=self.users)
+            + f"c.Spawner.cmd = [{str(self.script)!r}]\n"
+        )
+        return command
+
+
+# ---------------------------------------------------------------- processes
+
+
+def children() -> dict[int, list[int]]:
+    tree: dict[int, list[int]] = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{name}/stat").read_text()
+        except OSError:
+            continue
+        ppid = int(stat.rsplit(")", 1)[1].split()[1])
+        tree.setdefault(ppid, []).append(int(name))
+    return tree
+
+
+def cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except OSError:
+        return ""
+
+
+def find_child(pid: int, needle: str) -> int:
+    pids = [p for p in children().get(pid, []) if needle in cmdline(p)]
+    assert len(pids) == 1, f"{needle!r} among {pid}'s children: {pids}"
+    return pids[0]
+
+
+def cpu_seconds(pid: int) -> float:
+    """The process's own user+system CPU (all its threads; not its reaped children's)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def proxy_routes(pid: int, port: int):
+    """A function that lists the proxy's routes, with the token the hub gave it."""
+    environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    token = next(v[23:] for v in environ if v.startswith(b"CONFIGPROXY_AUTH_TOKEN=")).decode()
+    session = requests.Session()
+    url, headers = f"http://127.0.0.1:{port}/api/routes", {"Authorization": f"token {token}"}
+    return lambda: session.get(url, headers=headers, timeout=30).json()
+
+
+# ---------------------------------------------------------------- one burst
+
+
+def burst(hub: HubProcess, names: list[str], options: dict, counted: dict[str, int]) -> dict:
+    """Spawn every user at once; wait until each is ready or failed; stop them all."""
+    proxy = find_child(hub.proc.pid, "configurable-http-proxy")
+    routes = proxy_routes(proxy, hub.site["hub"]["proxy_api_port"])
+    sent: dict[str, float] = {}
+    ready: dict[str, float] = {}
+    replies: dict[str, int] = {}
+    go = threading.Barrier(len(names) + 1)
+
+    def spawn(name: str) -> None:
+        session = requests.Session()
+        headers = {"Authorization": f"token {ADMIN_TOKEN}"}
+        go.wait()
+        sent[name] = time.perf_counter()
+        r = session.post(
+            f"{hub.url}/hub/api/users/{name}/server", json=options, headers=headers, timeout=900
+        )
+        replies[name] = r.status_code
+
+    before = {what: cpu_seconds(pid) for what, pid in counted.items()}
+    proxy_before = cpu_seconds(proxy)
+    pool = ThreadPoolExecutor(len(names))
+    for name in names:
+        pool.submit(spawn, name)
+    go.wait()
+    start = time.perf_counter()
+    failed: set[str] = set()
+    last_check = start
+    deadline = start + TIMEOUT_SECONDS + 60
+    while len(ready) + len(failed) < len(names) and time.perf_counter() < deadline:
+        now = time.perf_counter()
+        for path in routes():
+            name = path.rstrip("/").rsplit("/", 1)[-1]
+            if path.rstrip("/").endswith(f"/user/{name}") and name in sent and name not in ready:
+                ready[name] = now - sent[name]
+        if now - last_check > 2 and len(replies) == len(names):
+            last_check = now
+            active = {u["name"] for u in hub.api("GET", "/users?state=active&limit=1000").json()}
+            failed = {n for n in names if n not in active and n not in ready}
+            failed |= {n for n, code in replies.items() if code not in (201, 202)}
+        time.sleep(0.1)
+    wall = time.perf_counter() - start
+    cpu = {what: cpu_seconds(pid) - before[what] for what, pid in counted.items()}
+    proxy_cpu = cpu_seconds(proxy) - proxy_before
+    pool.shutdown()
+    # after the measurement: every ready server answers through the proxy, then stop all
+    listing = hub.api("GET", "/users?state=ready&limit=1000").json()
+    hub_ready = {u["name"] for u in listing}
+    answering = sum(
+        requests.get(f"{hub.url}/user/{n}/api", timeout=30).status_code == 200 for n in hub_ready
+    )
+    with ThreadPoolExecutor(16) as stops:
+        list(stops.map(lambda n: hub.api("DELETE", f"/users/{n}/server"), names))
+    until(
+        lambda: not hub.api("GET", "/users?state=active&limit=1000").json(),
+        "every server to stop",
+        timeout=300,
+        interval=1,
+    )
+    for name in sorted(set(names) - hub_ready):  # why: the hub's log lines about it
+        lines = hub.log_path.read_text(errors="replace").splitlines()
+        about = [line for line in lines if re.search(rf"\b{name}\b", line)]
+        ports = set(re.findall(r"127\.0\.0\.1:(\d+)", "\n".join(about)))
+        about += [line for line in lines if any(f":{p}" in line for p in ports)]
+        about += [line for line in lines if "Interrupted" in line or "Traceback" in line]
+        print(f"{name} is not ready; the hub's log about it:", *about[-30:], sep="\n  ")
+    codes: dict[int, int] = {}
+    for code in replies.values():
+        codes[code] = codes.get(code, 0) + 1
+    times = sorted(ready.values())
+    return {
+        "ready": len(hub_ready),
+        "answering": answering,
+        "failed": len(names) - len(hub_ready),
+        "replies": codes,
+        "wall": wall,
+        "cpu": cpu,
+        "proxy_cpu": proxy_cpu,
+        "p50": statistics.median(times) if times else float("nan"),
+        "p95": times[min(len(times) - 1, int(0.95 * len(times)))] if times else float("nan"),
+        "max": times[-1] if times else float("nan"),
+    }
+
+
+def show(label: str, r: dict) -> str:
+    cpu = " + ".join(f"{what} {s:.1f}" for what, s in r["cpu"].items())
+    return (
+        f"{label}: {r['ready']} ready ({r['answering']} answering through the proxy),"
+        f" {r['failed']} failed, replies {r['replies']}; wall {r['wall']:.1f} s;"
+        f" CPU {cpu} = {sum(r['cpu'].values()):.1f} s (proxy {r['proxy_cpu']:.1f} s);"
+        f" time to ready p50 {r['p50']:.1f} s, p95 {r['p95']:.1f} s, max {r['max']:.1f} s"
+    )
+
+
+def create_users(hub: HubProcess, names: list[str]) -> None:
+    for i in range(0, len(names), 100):
+        r = hub.api("POST", "/users", json={"usernames": names[i : i + 100]})
+        assert r.status_code == 201, r.text
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--users", type=int, default=200)
+    parser.add_argument("--rounds", type=int, default=1, help="each round: one burst on each")
+    parser.add_argument(
+        "--profile",
+        type=int,
+        default=0,
+        metavar="SECONDS",
+        help="also: py-spy the hub and billing service through meterhub's first burst",
+    )
+    parser.add_argument(
+        "--fast-probe",
+        action="store_true",
+        help="experiment: meterhub's liveness probe reads the group leader before scanning /proc",
+    )
+    parser.add_argument("--stock-first", action="store_true", help="stock's burst first")
+    parser.add_argument("--only", choices=("meterhub", "stock"), help="burst on one hub only")
+    args = parser.parse_args()
+    names = [f"b{i}" for i in range(args.users)]
+    with tempfile.TemporaryDirectory(ignore_cleanup_errors=True) as tmp:
+        os.chmod(tmp, 0o755)  # servers run as their own uids and must reach the script
+        script = write_mocksu(Path(tmp) / "mocksu")
+        ours = MeterHub(Path(tmp) / "meterhub", Path(tmp) / "mocksu", args.users, args.fast_probe)
+        stock = StockMocksu(Path(tmp) / "stock", script, args.users)
+        results: dict[str, list[dict]] = {"meterhub": [], "stock": []}
+        try:
+            ours.start()
+            stock.start()
+            # the billing service is the hub's child: `meterhub.hub.cli billing service`
+            billing = until(
+                lambda: [p for p in children().get(ours.proc.pid, []) if "billing" in cmdline(p)],
+                "the billing service",
+            )[0]
+            counted = {
+                "meterhub": {"hub": ours.proc.pid, "billing": billing},
+                "stock": {"hub": stock.proc.pid},
+            }
+            hubs = {"meterhub": (ours, {"profile": "debug"}), "stock": (stock, {})}
+            for label, (hub, options) in hubs.items():
+                if args.only not in (None, label):
+                    continue
+                create_users(hub, names)
+                hub.spawn(names[0], options)  # warm up: imports, caches, the demo pool
+                hub.stop_server(names[0])
+            for round_no in range(args.rounds):
+                order = ["meterhub", "stock"] if round_no % 2 == 0 else ["stock", "meterhub"]
+                order = order[::-1] if args.stock_first else order
+                order = [label for label in order if args.only in (None, label)]
+                for label in order:
+                    hub, options = hubs[label]
+                    spy = None
+                    if args.profile and label == "meterhub" and round_no == 0:
+                        spy = profile(tmp, counted[label], args.profile)
+                    r = burst(hub, names, options, counted[label])
+                    for proc, _out in spy or []:
+                        proc.wait(args.profile + 60)
+                    results[label].append(r)
+                    print(f"round {round_no + 1} " + show(label, r), flush=True)
+        except Exception:
+            print(ours.log_tail(80), stock.log_tail(80), sep="\n", file=sys.stderr)
+            raise
+        finally:
+            ours.teardown()
+            stock.teardown()
+        for label in ("meterhub", "stock"):
+            for i, r in enumerate(results[label]):
+                if r["failed"]:
+                    print(f"{label} round {i + 1}: {r['failed']} failed", file=sys.stderr)
+        if not args.only:
+            ratios = [
+                sum(a["cpu"].values()) / sum(b["cpu"].values())
+                for a, b in zip(results["meterhub"], results["stock"], strict=True)
+            ]
+            each = ", ".join(f"{x:.2f}" for x in ratios)
+            print(f"CPU ratio meterhub (hub + billing) / stock (hub) per round: {each}")
+        if args.profile:
+            print(f"py-spy profiles (collapsed stacks): {PROFILE_DIR}/spawn_burst-*.txt")
+
+
+def profile(tmp: str, pids: dict[str, int], seconds: int) -> list:
+    """py-spy record of each counted process for `seconds` (raw text, for `--format raw`)."""
+    spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
+    procs = []
+    for what, pid in pids.items():
+        out = PROFILE_DIR / f"spawn_burst-{what}.txt"
+        command = [spy, "record", "-p", str(pid), "-d", str(seconds), "-r", "50"]
+        command += ["--format", "raw", "-o", str(out), "--nonblocking"]
+        procs.append((subprocess.Popen(command, stdout=subprocess.DEVNULL), out))
+    time.sleep(1)
+    return procs
+
+
+if __name__ == "__main__":
+    main()
