@@ -122,9 +122,10 @@ class HubProcess:
 
     def kill_leftovers(self) -> None:
         """Kill what this hub left running: servers and sandboxes (they name its data
-        directory) and its proxy (by the pid file JupyterHub keeps in the data directory: a
-        port alone could be another hub's by now)."""
-        marker = self.data_dir.encode()
+        directory), the hub and its billing service (they name its config file: a teardown
+        whose REST call failed left them running) and its proxy (by the pid file JupyterHub
+        keeps in the data directory: a port alone could be another hub's by now)."""
+        markers = (self.data_dir.encode(), str(self.config_path).encode())
         proxy = None
         try:
             proxy = int((Path(self.data_dir) / "jupyterhub-proxy.pid").read_text().strip())
@@ -138,7 +139,7 @@ class HubProcess:
             except OSError:
                 continue
             is_proxy = int(pid) == proxy and b"configurable-http-proxy" in cmdline
-            if marker in cmdline or is_proxy:
+            if any(marker in cmdline for marker in markers) or is_proxy:
                 try:
                     os.kill(int(pid), signal.SIGKILL)
                 except ProcessLookupError:
