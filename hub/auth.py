@@ -140,7 +140,11 @@ class DiscardHandler(_AdminPostHandler):
         info = self.find_account(name)
         if info.is_authorized:
             raise web.HTTPError(
-                409, f"{name!r} is approved: revoke it first, or delete the user as admin."
+                409,
+                _(
+                    "%(name)s is approved: revoke it first, or delete the user as admin.",
+                    name=repr(name),
+                ),
             )
         self.db.delete(info)
         self.db.commit()
