@@ -24,7 +24,7 @@ from sqlalchemy.exc import DBAPIError
 from tornado import web
 
 from meterhub.i18n import DEFAULT as DEFAULT_LANGUAGE
-from meterhub.i18n import N_, _, chosen_language
+from meterhub.i18n import N_, _, chosen_language, using
 from meterhub.spawner.catalog import InvalidChoice
 
 from .courses import course_refusal
@@ -121,11 +121,13 @@ async def _authorize_spawn(spawner) -> None:
         raise web.HTTPError(503, _(BILLING_DOWN), reason="Billing unavailable") from None
     # a backend that can limit a server's run time (a Slurm job's --time) reads it
     spawner.credit_seconds = auth.runway_seconds
+    with using(DEFAULT_LANGUAGE):  # the log is English, whoever spawns
+        label = choice.label
     spawner.log.info(
         "Billing session %s for %s: %s at %s/h, paid by %s",
         auth.session_id,
         spawner._log_name,
-        choice.label,
+        label,
         choice.rate_per_hour,
         wallet or f"user:{spawner.user.name}",
     )
@@ -373,8 +375,10 @@ async def billed_pre_spawn(spawner) -> None:
 
 def speak_the_users_language(spawner) -> None:
     """Start the server in the language its user reads the hub in ($METERHUB_LANGUAGE: the
-    server extension makes it JupyterLab's default, extensions/server.py). A start with no
-    request behind it (the hub's restart in debug mode) keeps the language of the last."""
+    server extension makes it JupyterLab's default, extensions/server.py). An API start
+    without Accept-Language is English; the hub's own restart in debug mode asks in the
+    language the server last started in (hub/restarts.py), and code that runs outside any
+    request keeps that language too."""
     language = chosen_language() or spawner.environment.get(LANGUAGE_ENV) or DEFAULT_LANGUAGE
     spawner.environment = {**spawner.environment, LANGUAGE_ENV: language}
 
