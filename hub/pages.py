@@ -215,6 +215,8 @@ class MeterhubPage(BaseHandler):
             sync=True,
             status=status,
             money=self.money,
+            # an amount the API gives as a decimal string ("2008.80"), as money reads: ¥2,008.80
+            amount=lambda text: self.money(to_micros(text)),
             when=when,
             time_tag=time_tag,
             profile_name=profile_name,

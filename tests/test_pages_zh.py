@@ -186,11 +186,6 @@ def test_the_wallet_is_in_chinese_with_yuan(zh_hub, browser):
 YUAN = re.compile(r"¥\d{1,3}(?:,\d{3})*\.\d\d\b")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="hub/templates/wallet.html writes a pass offer's price as currency_symbol + o.price"
-    " (¥2008.80), not with money() (¥2,008.80)",
-)
 def test_every_amount_on_the_wallet_groups_thousands(zh_hub, browser):
     context = chinese_context(browser)
     page = sign_in(context, zh_hub)
