@@ -22,7 +22,7 @@ import uuid
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple, cast
 
-from sqlalchemy import delete, func, or_, select, update
+from sqlalchemy import delete, func, or_, select, text, update
 
 from meterhub.i18n import _
 
@@ -214,7 +214,13 @@ class Vouchers:
         digest_of = code_hash(code)  # MalformedCode before anything else
         now = self.clock()
         with self.begin() as db:
+            if db.get_bind().dialect.name == "postgresql":
+                # one redemption at a time, as SQLite's BEGIN IMMEDIATE has it: otherwise
+                # requests sent at once each count only the failures committed before them,
+                # and N parallel guesses all pass a limit below N
+                db.execute(text("SELECT pg_advisory_xact_lock(hashtext('meterhub-redeem'))"))
             self._check_limits(db, user, now, limits)
+            self.fault("redeem-limits-checked")
             refusal = None
             for _attempt in range(2):  # a claim lost to a concurrent one is looked at again
                 voucher = db.scalars(

@@ -218,6 +218,46 @@ def test_two_redemptions_of_one_code_at_once_credit_once(make_ledger, same_user)
     assert ledger.audit() == []
 
 
+def test_failed_codes_sent_at_once_are_counted_against_the_limit_one_after_another(make_ledger):
+    """Parallel guesses must not all pass the check before any failure is written: on
+    PostgreSQL (READ COMMITTED) each transaction counted the failures committed before it
+    began, so N requests at once got N guesses past a limit of 2."""
+    per_user, parallel = 2, 6
+    limits = RedeemLimits(per_user=per_user, overall=100, window_seconds=600)
+    checked = threading.Barrier(parallel, timeout=3)
+
+    def wait_for_the_others(point: str) -> None:
+        # hold every redemption between the limit check and its write, as a busy server
+        # would; once one waits alone (the others are held off) go on
+        if point == "redeem-limits-checked":
+            try:
+                checked.wait()
+            except threading.BrokenBarrierError:
+                pass
+
+    ledger, _clock = make_ledger()
+    results: list[object] = []
+
+    def guess():
+        mine, _c = make_ledger(fault=wait_for_the_others)
+        try:
+            mine.redeem_voucher("eve", new_code(), "eve", limits)
+        except (VoucherRefused, RedeemLimited) as e:
+            results.append(type(e).__name__)
+
+    threads = [threading.Thread(target=guess) for _i in range(parallel)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert (
+        sorted(results) == ["RedeemLimited"] * (parallel - per_user) + ["VoucherRefused"] * per_user
+    ), results
+    with ledger.begin() as db:
+        failures = db.scalars(select(RedeemFailure).where(RedeemFailure.user_name == "eve"))
+        assert len(failures.all()) == per_user
+
+
 def test_the_audit_catches_a_voucher_without_its_entry_and_an_entry_without_its_voucher(
     make_ledger,
 ):
