@@ -45,6 +45,23 @@ def _path(parts) -> str:
     return ".".join(str(p) for p in parts) or "(top level)"
 
 
+#: keys whose values are secrets: a refusal names the key and the rule, never the value
+#: (jsonschema's messages quote it, and they go to the hub's log)
+SECRET_KEYS = frozenset({"topup_secret", "client_secret", "db_url"})
+
+
+def _secret_problem(error) -> str:
+    """What is wrong with a secret's value, without the value."""
+    rule = error.validator_value
+    if error.validator == "type":
+        return f"must be a {rule} (quote it in the YAML)"
+    if error.validator == "minLength":
+        return f"too short (at least {rule} characters)"
+    if error.validator == "maxLength":
+        return f"too long (at most {rule} characters)"
+    return f"does not meet the schema's {error.validator} rule"
+
+
 def validation_errors(site: Any) -> list[str]:
     """Readable messages, one per problem, each naming the key it concerns."""
     # jsonschema imports every optional format checker it can find; rfc3987_syntax alone
@@ -66,9 +83,21 @@ def validation_errors(site: Any) -> list[str]:
             messages.append(
                 f"{_path(where)}: expected a positive amount with at most two decimals, got {error.instance!r}"
             )
+        elif where and where[-1] in SECRET_KEYS:
+            messages.append(f"{_path(where)}: {_secret_problem(error)}")
         else:
             messages.append(f"{_path(where)}: {error.message}")
     return messages
+
+
+def _yaml_problem(error: yaml.YAMLError) -> str:
+    """The parser's complaint and where, without the snippet of the line that PyYAML adds:
+    the line may hold a secret (billing.topup_secret, auth.oauth.client_secret)."""
+    if isinstance(error, yaml.MarkedYAMLError):
+        mark = error.problem_mark or error.context_mark
+        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
+        return where + (error.problem or error.context or "cannot be parsed")
+    return type(error).__name__
 
 
 def load_site_config(path: str | os.PathLike | None, cwd: str | None = None) -> dict:
@@ -84,7 +113,7 @@ def load_site_config(path: str | os.PathLike | None, cwd: str | None = None) -> 
         try:
             site = yaml.safe_load(text)
         except yaml.YAMLError as e:
-            raise ConfigError(f"{source}: not valid YAML: {e}") from None
+            raise ConfigError(f"{source}: not valid YAML: {_yaml_problem(e)}") from None
         if site is None:
             site = {}
         _stringify_counts(site)

@@ -223,3 +223,29 @@ def test_the_example_adapter_checks_stripe_and_forwards_a_top_up_meterhub_accept
     posted = topup_actions.topup(ledger, json.loads(body), Decimal("10000"))
     assert posted.value.amount_micros == 50 * MICROS and posted.value.key == "topup:cs_test_a1B2c3"
     assert topup_actions.topup(ledger, json.loads(body), Decimal("10000")).replayed
+
+
+@pytest.mark.parametrize(
+    "text,says",
+    [
+        # a secret almost right (the operator adds to it) or right but of the wrong type
+        ('billing: {topup_secret: "SECRET-almost-but-short"}', "billing.topup_secret: too short"),
+        ("billing: {topup_secret: 12345678901234567890123456789012345}", "a string"),
+        ("billing: {topup_secret: '" + "SECRET" * 700 + "'}", "too long"),
+        ("auth: {type: github, oauth: {client_secret: 12345678}}", "auth.oauth.client_secret"),
+        ("billing: {db_url: 5432}", "billing.db_url"),
+        # a YAML mistake on the secret's line: the parser would show the line
+        ("billing:\n  topup_secret: SECRET-in-a: broken line\n", "line 2"),
+    ],
+)
+def test_a_refused_config_never_shows_a_secret(tmp_path, text, says):
+    """The refusal goes to the hub's log (or a terminal): it names the key and what is wrong,
+    never the value of a secret, which may be the real one or most of it."""
+    path = tmp_path / "meterhub.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError) as refused:
+        load_site_config(path, cwd=str(tmp_path))
+    message = str(refused.value)
+    assert says in message
+    for secret in ("SECRET", "12345678", "5432"):
+        assert secret not in message, message
