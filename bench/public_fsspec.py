@@ -95,7 +95,7 @@ def main() -> None:
         a, b = statistics.median(raw), statistics.median(public)
         gib = size / (1 << 30)
         print(
-            f"1 GiB read: raw {gib / a:.2f} GiB/s ({a * 1000:.0f} ms), public:// {gib / b:.2f}"
+            f"{args.size_mib} MiB read: raw {gib / a:.2f} GiB/s ({a * 1000:.0f} ms), public:// {gib / b:.2f}"
             f" GiB/s ({b * 1000:.0f} ms), public/raw throughput {a / b:.3f}"
             f" (medians of {args.rounds}; raw {[round(x * 1000) for x in raw]} ms,"
             f" public {[round(x * 1000) for x in public]} ms)"

@@ -18,9 +18,14 @@ Time to ready: from a user's spawn request to its route in the proxy (polled fro
 proxy's API every 0.1 s, which costs the hubs nothing); the hub's REST API is asked every 2 s
 which servers failed.
 
-    .venv/bin/python bench/spawn_burst.py --users 200 --rounds 1
-    .venv/bin/python bench/spawn_burst.py --users 200 --only meterhub --profile 330  # py-spy
-    .venv/bin/python bench/spawn_burst.py --users 200 --fast-probe  # the probe experiment
+Experiments (bench-only patches in meterhub's `jupyterhub_config.d`, not meterhub's code):
+`--fast-probe` (the liveness probe reads the group leader before scanning /proc) and
+`--slow-port-wait` (the spawner's port wait connects every 1 s instead of every 0.1 s).
+`--profile SECONDS` records the hub and billing service with py-spy (`pip install py-spy`).
+
+    .venv/bin/python bench/spawn_burst.py --users 200 --rounds 1 [--stock-first]
+    .venv/bin/python bench/spawn_burst.py --users 200 --only meterhub --profile 330
+    .venv/bin/python bench/spawn_burst.py --users 200 --fast-probe
 """
 
 from __future__ import annotations
@@ -76,6 +81,22 @@ def group_has_live_members(pgid):
 local.group_has_live_members = group_has_live_members
 """
 
+#: `--slow-port-wait`, an experiment: the spawner's wait for the server's port connects every
+#: 1 s instead of every 0.1 s (its only `asyncio.sleep(0.1)`)
+SLOW_PORT_WAIT = """
+import asyncio as _asyncio
+import types as _types
+
+import meterhub.spawner.local as _local
+
+
+async def _sleep(seconds, *args, **kwargs):
+    return await _asyncio.sleep(1.0 if seconds == 0.1 else seconds, *args, **kwargs)
+
+
+_local.asyncio = _types.SimpleNamespace(**{**vars(_asyncio), "sleep": _sleep})
+"""
+
 MOCKSU = """#!{python}
 # jupyterhub.tests.mocksu from the benchmark's environment, under a Python every uid can run
 import sys
@@ -104,14 +125,14 @@ def write_mocksu(prefix: Path) -> Path:
 
 
 class MeterHub(HubProcess):
-    def __init__(self, workdir: Path, prefix: Path, users: int, fast_probe: bool = False):
+    def __init__(self, workdir: Path, prefix: Path, users: int, experiments: str = ""):
         super().__init__(workdir, {"gpus": [], "local": {"sandbox": "off"}})
         extra = self.workdir / "jupyterhub_config.d"
         extra.mkdir()
         (extra / "bench.py").write_text(
             COMMON_CONFIG.format(timeout=TIMEOUT_SECONDS, users=users)
             + f"c.LocalGPUSpawner.server_env_prefix = {str(prefix)!r}\n"
-            + (FAST_PROBE if fast_probe else "")
+            + experiments
         )
 
 
@@ -243,8 +264,10 @@ def burst(hub: HubProcess, names: list[str], options: dict, counted: dict[str, i
         about = [line for line in lines if re.search(rf"\b{name}\b", line)]
         ports = set(re.findall(r"127\.0\.0\.1:(\d+)", "\n".join(about)))
         about += [line for line in lines if any(f":{p}" in line for p in ports)]
-        about += [line for line in lines if "Interrupted" in line or "Traceback" in line]
-        print(f"{name} is not ready; the hub's log about it:", *about[-30:], sep="\n  ")
+        for i, line in enumerate(lines):  # the servers' own output names no user
+            if "Interrupted" in line or "Traceback" in line:
+                about += lines[i : i + 12]
+        print(f"{name} is not ready; the hub's log about it:", *about[-60:], sep="\n  ")
     codes: dict[int, int] = {}
     for code in replies.values():
         codes[code] = codes.get(code, 0) + 1
@@ -295,6 +318,11 @@ def main() -> None:
         action="store_true",
         help="experiment: meterhub's liveness probe reads the group leader before scanning /proc",
     )
+    parser.add_argument(
+        "--slow-port-wait",
+        action="store_true",
+        help="experiment: meterhub's spawner waits 1 s, not 0.1 s, between connects to the port",
+    )
     parser.add_argument("--stock-first", action="store_true", help="stock's burst first")
     parser.add_argument("--only", choices=("meterhub", "stock"), help="burst on one hub only")
     args = parser.parse_args()
@@ -302,7 +330,10 @@ def main() -> None:
     with tempfile.TemporaryDirectory(ignore_cleanup_errors=True) as tmp:
         os.chmod(tmp, 0o755)  # servers run as their own uids and must reach the script
         script = write_mocksu(Path(tmp) / "mocksu")
-        ours = MeterHub(Path(tmp) / "meterhub", Path(tmp) / "mocksu", args.users, args.fast_probe)
+        experiments = (FAST_PROBE if args.fast_probe else "") + (
+            SLOW_PORT_WAIT if args.slow_port_wait else ""
+        )
+        ours = MeterHub(Path(tmp) / "meterhub", Path(tmp) / "mocksu", args.users, experiments)
         stock = StockMocksu(Path(tmp) / "stock", script, args.users)
         results: dict[str, list[dict]] = {"meterhub": [], "stock": []}
         try:
