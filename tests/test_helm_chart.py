@@ -815,3 +815,36 @@ def test_a_base_url_set_in_hub_config_instead_of_hub_base_url_fails(chart):
     assert 'set jupyterhub.hub.baseUrl: "/x/" instead' in str(e.value)
     agreeing = {"hub": {"baseUrl": "/x", "config": {"JupyterHub": {"base_url": "/x/"}}}}
     chart.render(merged(DB, {"jupyterhub": agreeing}), name="gpu", namespace="gpu-lab")
+
+
+def test_the_top_up_secret_comes_from_a_secret_never_the_site_configmap(chart):
+    """Whoever reads billing.topup_secret can credit any wallet, and the site config is a
+    ConfigMap (Kubernetes' `view` role reads ConfigMaps, not Secrets): the chart refuses it
+    there and passes an existing Secret's key to the billing service as its environment."""
+    secret = "x" * 40
+    with pytest.raises(helm.HelmError) as e:
+        chart.render(
+            merged(DB, {"site": {"billing": {"topup_secret": secret}}}),
+            name="gpu",
+            namespace="gpu-lab",
+        )
+    assert "site.billing.topup_secret" in str(e.value) and "billing.topup.existingSecret" in str(
+        e.value
+    )
+    assert secret not in str(e.value)
+    found = by_kind(
+        objects(chart, merged(DB, {"billing": {"topup": {"existingSecret": "pay-hook"}}}))
+    )
+    (container,) = found[("Deployment", "meterhub-billing")]["spec"]["template"]["spec"][
+        "containers"
+    ]
+    env = {e["name"]: e for e in container["env"]}
+    assert env["METERHUB_TOPUP_SECRET"]["valueFrom"]["secretKeyRef"] == {
+        "name": "pay-hook",
+        "key": "topup-secret",
+    }
+    # without it, top-ups stay off (503), and no empty variable stands in for a secret
+    (default,) = by_kind(objects(chart, DB))[("Deployment", "meterhub-billing")]["spec"][
+        "template"
+    ]["spec"]["containers"]
+    assert "METERHUB_TOPUP_SECRET" not in {e["name"] for e in default["env"]}

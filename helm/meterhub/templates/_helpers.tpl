@@ -183,6 +183,10 @@ data_dir: "the ledger is billing.database and the hub's own database is jupyterh
 {{- fail (printf "site.%s: only used by the local backend; %s" $key $instead) }}
 {{- end }}
 {{- end }}
+{{- /* the site config is a ConfigMap: whoever reads the top-up secret credits any wallet */ -}}
+{{- if hasKey (.Values.site.billing | default dict) "topup_secret" }}
+{{- fail "site.billing.topup_secret: the site config is a ConfigMap, which is no place for a secret; put it in a Secret and name it in billing.topup.existingSecret (its key in billing.topup.secretKey)" }}
+{{- end }}
 {{- /* keys naming a GPU type: the schema cannot list the types (a site adds its own) */ -}}
 {{- $types := concat (list "rtx4090" "a800" "h800") (keys (.Values.site.gpu_types | default dict)) | uniq | sortAlpha -}}
 {{- $kube := .Values.site.kubernetes | default dict -}}
