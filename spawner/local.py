@@ -53,6 +53,9 @@ from .options import (
 from .sandbox import SandboxSpec, bwrap_command, bwrap_works
 from .starters import copy_starters, kernel_language_info
 
+#: how long before JupyterHub's start_timeout a start that is still waiting for its server
+#: to listen gives up with a message of its own, in seconds
+START_TIMEOUT_MARGIN_SECONDS = 2
 SAFE_NAME_CHARS = "abcdefghijklmnopqrstuvwxyz0123456789"
 GIB = 1024**3
 #: how long a recorded server gets to exit after SIGTERM, then after SIGKILL
@@ -944,6 +947,7 @@ class LocalGPUSpawner(CatalogOptions, LocalProcessSpawner):
     # ------------------------------------------------------------------ start
 
     async def start(self):
+        started = time.monotonic()
         choice = self.parse_options()
         self.choice = choice
         self._events = []
@@ -1044,7 +1048,7 @@ class LocalGPUSpawner(CatalogOptions, LocalProcessSpawner):
             record = dataclasses.replace(record, pid=self.pid)
             await asyncio.to_thread(write_record, self.data_dir, record)
             self._progress(80, N_("Waiting for JupyterLab to answer"))
-            await self._wait_for_port_or_exit()
+            await self._wait_for_port_or_exit(started)
             self._warn_over_quota()
             self.last_seen_alive, self.exited_after = int(time.time()), None
         except BaseException:
@@ -1138,13 +1142,27 @@ class LocalGPUSpawner(CatalogOptions, LocalProcessSpawner):
 
         return preexec
 
-    async def _wait_for_port_or_exit(self) -> None:
-        """Return once the server listens; fail with a clear message if it exits first.
-
-        JupyterHub would otherwise only notice the exit later, as a generic error.
+    async def _wait_for_port_or_exit(self, started: float) -> None:
+        """Return once the server listens; fail with a clear message if it exits first,
+        or if it does not listen before JupyterHub's `start_timeout` (counted from
+        `started`, a monotonic time) would end the start with a bare TimeoutError, which a
+        person reads as "Spawn failed:" and nothing after it.
         """
         ip = self.ip or "127.0.0.1"
+        deadline = started + self.start_timeout - START_TIMEOUT_MARGIN_SECONDS
         while True:
+            if time.monotonic() > deadline:
+                raise web.HTTPError(
+                    503,
+                    "%s",
+                    _(
+                        "JupyterLab did not answer within %(seconds)s seconds: this machine"
+                        " may be busy. Your files are kept; start again in a minute, or ask"
+                        " the operator.",
+                        seconds=self.start_timeout,
+                    ),
+                    reason="Server did not answer",
+                )
             status = self.proc.poll()
             if status is not None and not await self._signal(0):
                 raise web.HTTPError(

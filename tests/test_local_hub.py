@@ -287,6 +287,41 @@ def test_a_server_that_dies_at_start_fails_clearly_and_frees_its_gpus(hub_factor
     broken.teardown()
 
 
+def test_a_server_that_does_not_listen_in_time_fails_with_a_message_of_its_own():
+    # JupyterHub's own start_timeout ends a start with a bare TimeoutError, which the spawn
+    # page showed as "Spawn failed:" and nothing after it (seen on a busy machine)
+    import asyncio
+    import socket
+    import time
+    from types import SimpleNamespace
+
+    from tornado import web
+
+    from meterhub.spawner.local import START_TIMEOUT_MARGIN_SECONDS, LocalGPUSpawner
+
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]  # nothing listens there once the socket is closed
+    running = SimpleNamespace(poll=lambda: None)
+    server = SimpleNamespace(ip="127.0.0.1", port=port, proc=running, start_timeout=60)
+    wait = LocalGPUSpawner._wait_for_port_or_exit
+    late = time.monotonic() - 60 + START_TIMEOUT_MARGIN_SECONDS - 0.5
+    started = time.monotonic()
+    with pytest.raises(web.HTTPError) as refused:
+        asyncio.run(wait(server, late))
+    assert time.monotonic() - started < 5  # before JupyterHub's timeout, not at it
+    assert refused.value.status_code == 503
+    message = refused.value.log_message % refused.value.args
+    assert message.startswith("JupyterLab did not answer within 60 seconds")
+    assert "Your files are kept" in message
+    # a server that listens in time is waited for as before
+    with socket.socket() as listening:
+        listening.bind(("127.0.0.1", 0))
+        listening.listen()
+        server.port = listening.getsockname()[1]
+        asyncio.run(wait(server, time.monotonic()))
+
+
 def test_a_server_that_dies_releases_its_gpus(hub):
     import signal as signals
 
