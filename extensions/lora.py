@@ -17,6 +17,7 @@ import json
 import os
 import random
 import time
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -179,7 +180,16 @@ def train(
         ],
         task_type="CAUSAL_LM",
     )
-    net = get_peft_model(base, config)
+    with warnings.catch_warnings():
+        # peft 0.21.2's PeftModel reads transformers 5's deprecated
+        # `is_gradient_checkpointing` whatever its caller does: the library's own warning
+        warnings.filterwarnings(
+            "ignore",
+            message="`is_gradient_checkpointing` is deprecated",
+            category=FutureWarning,
+            module="transformers.modeling_utils",
+        )
+        net = get_peft_model(base, config)
     trainable = sum(t.numel() for t in net.parameters() if t.requires_grad)
     log(f"training {trainable:,} LoRA parameters of {p.model_path} on {p.device}")
     optimizer = torch.optim.AdamW(

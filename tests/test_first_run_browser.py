@@ -34,11 +34,6 @@ STEP = re.compile(r"^step (\d+) loss (\d+\.\d+)$", re.MULTILINE)
 ERROR = re.compile(r"Traceback|\b\w*Error: ")
 #: what Python's warnings print in an output ("file:line: SomeWarning: …")
 WARNING = re.compile(r"\b\w*Warning: .*")
-#: a warning from inside the libraries the starter uses that meterhub cannot fix by calling
-#: them differently: peft 0.21.2's PeftModel asks transformers 5 for its deprecated
-#: `is_gradient_checkpointing` whatever the caller does. extensions/lora.py is to filter it
-#: narrowly around get_peft_model; test_starter.py's strict xfail says when that is done
-LIBRARY_WARNINGS = ("`is_gradient_checkpointing` is deprecated",)
 
 pytestmark = pytest.mark.skipif(
     not Path(CHROMIUM).exists(), reason="Chromium is installed by `make test`"
@@ -158,12 +153,7 @@ def test_a_first_run_from_sign_in_to_the_wallet(fresh_hub, browser):
             # falling: clearly over the run, and the last ten below the first ten
             assert losses[-1] < losses[0] - 0.3, losses
             assert max(losses[-10:]) < min(losses[:10]), losses
-            warnings = [
-                w
-                for w in WARNING.findall(everything)
-                if not any(known in w for known in LIBRARY_WARNINGS)
-            ]
-            assert not warnings, warnings
+            assert not WARNING.findall(everything), everything
             last.scroll_into_view_if_needed()
 
         with step("stop"):
