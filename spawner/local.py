@@ -61,6 +61,10 @@ GIB = 1024**3
 #: how long a recorded server gets to exit after SIGTERM, then after SIGKILL
 TERM_TIMEOUT_SECONDS = 10
 KILL_TIMEOUT_SECONDS = 5
+#: waiting for a starting server to listen: the first pause, its growth, the longest
+PORT_WAIT_FIRST_SECONDS = 0.05
+PORT_WAIT_BACKOFF = 1.5
+PORT_WAIT_MAX_SECONDS = 0.5
 #: the runtime records, one a server, below <data_dir>/run (a name no user's folder has)
 RECORDS_DIR = "servers.d"
 #: how often a spawn looks again whether its disk's archiving has finished
@@ -121,18 +125,36 @@ def group_has_live_members(pgid: int) -> bool:
     After a hub restart a server's processes are no longer our children; when they die
     they can stay zombies for a while (or, under an init that does not reap, for good),
     and signalling the group still succeeds. Only a live member means a running server.
+
+    The group's leader (the server's first process, whose pid is the group's id) alive is
+    the common case and one read; only without it is every process looked at (a scan of
+    /proc per poll made a burst of 200 servers cost the hub O(servers²), bench/spawn_burst.py).
+    A pid reused by another group's leader cannot be this group's id while the group has a
+    member, so the leader's answer is the scan's.
     """
+    leader = _stat_fields(pgid)
+    if leader is not None and _is_live_member(leader, pgid):
+        return True
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[2]) == pgid and fields[0] not in ("Z", "X"):
+        fields = _stat_fields(int(entry))
+        if fields is not None and _is_live_member(fields, pgid):
             return True
     return False
+
+
+def _stat_fields(pid: int) -> list[str] | None:
+    """/proc/PID/stat's fields after the command name (state, ppid, pgrp, ...), or None."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+
+
+def _is_live_member(fields: list[str], pgid: int) -> bool:
+    return int(fields[2]) == pgid and fields[0] not in ("Z", "X")
 
 
 # ---------------------------------------------------------------------- runtime records
@@ -1150,6 +1172,7 @@ class LocalGPUSpawner(CatalogOptions, LocalProcessSpawner):
         """
         ip = self.ip or "127.0.0.1"
         deadline = started + self.start_timeout - START_TIMEOUT_MARGIN_SECONDS
+        delay = PORT_WAIT_FIRST_SECONDS
         while True:
             if time.monotonic() > deadline:
                 raise web.HTTPError(
@@ -1178,7 +1201,10 @@ class LocalGPUSpawner(CatalogOptions, LocalProcessSpawner):
             try:
                 _reader, writer = await asyncio.open_connection(ip, self.port)
             except OSError:
-                await asyncio.sleep(0.1)
+                # backing off to half a second: ten tries a second for each of a burst's 200
+                # starting servers was a tenth of the hub's CPU (bench/spawn_burst.py)
+                await asyncio.sleep(delay)
+                delay = min(delay * PORT_WAIT_BACKOFF, PORT_WAIT_MAX_SECONDS)
                 continue
             writer.close()
             return
