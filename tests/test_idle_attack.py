@@ -208,7 +208,7 @@ class _Fetch:
 
 def _restart_app(monkeypatch, inactive: bool = True):
     minted = []
-    spawner = SimpleNamespace(active=not inactive, pending=None, ready=False)
+    spawner = SimpleNamespace(active=not inactive, pending=None, ready=False, environment={})
 
     def new_api_token(**kwargs):
         minted.append(kwargs)
@@ -243,7 +243,7 @@ def test_hole_the_restart_token_can_only_start_that_one_server(monkeypatch):
     """`servers!server=U/S` also holds delete:servers (stop it, and remove a named server)
     and read:servers; starting needs start:servers only."""
     app, minted = _restart_app(monkeypatch)
-    assert asyncio.run(hub_restarts._restart(app, _queued(1000), 1010)) == ""
+    assert asyncio.run(hub_restarts._restart(app, _queued(1000), 1010)) == ()  # started
     (token,) = minted
     assert token["scopes"] == ["start:servers!server=amy/"]
     assert token["expires_in"] <= 120
@@ -358,7 +358,8 @@ def test_a_queued_restart_cannot_pay_from_a_wallet_its_user_may_not_use(attack_h
         lambda: next((r for r in ledger.restarts("cy") if r.id == queued and r.applied_at), None),
         "the hub to try the restart",
     )
-    assert restart.outcome.startswith("403") and words in restart.outcome, restart.outcome
+    assert restart.outcome.startswith("the hub answered 403: "), restart.outcome
+    assert words in restart.outcome, restart.outcome
     assert hub.server("cy") is None and ledger.open_sessions("cy") == []
 
 
