@@ -40,16 +40,18 @@ from .orm import (
     MeteredSession,
     Wallet,
 )
-from .postings import SYSTEM, InsufficientCredit, LedgerError, UnknownWallet, group_settings
+from .postings import (
+    SYSTEM,
+    InsufficientCredit,
+    LedgerError,
+    LedgerPart,
+    UnknownWallet,
+    group_settings,
+)
 from .wallets import USER_NAME, WalletRef, allowance_ref, fold, period_start
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterator
-    from contextlib import contextmanager
-
     from sqlalchemy.orm import Session
-
-    from .orm import Entry as EntryRow
 
 
 @dataclass(frozen=True)
@@ -136,30 +138,7 @@ class CourseView:
     roster: list[RosterRow]
 
 
-class Courses:
-    if TYPE_CHECKING:
-        # Postings provides these; Ledger puts them together
-        clock: Callable[[], int]
-        currency: str
-
-        @contextmanager
-        def begin(self) -> Iterator[Session]: ...
-        def _wallet(
-            self, db: Session, owner: str | WalletRef, lock: bool = False
-        ) -> Wallet | None: ...
-        def _new_wallet(self, db: Session, ref: WalletRef) -> Wallet: ...
-        def _post(
-            self,
-            db: Session,
-            wallet: Wallet,
-            kind: str,
-            amount: int,
-            key: str,
-            actor: str,
-            note: str = "",
-            **fields,
-        ) -> EntryRow: ...
-
+class Courses(LedgerPart):
     # ------------------------------------------------------------------ the registry
 
     def create_course(

@@ -28,13 +28,10 @@ from .orm import (
     MeteredSession,
     Wallet,
 )
-from .postings import LedgerError, UnknownWallet, group_settings, member_spent
+from .postings import LedgerError, LedgerPart, UnknownWallet, group_settings, member_spent
 from .wallets import GROUP_NAME, GROUP_RULE, WalletRef, fold, period_start
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterator
-    from contextlib import contextmanager
-
     from sqlalchemy.orm import Session
 
 DAY = 86_400
@@ -135,16 +132,7 @@ def check_group_name(name: str) -> str:
     return folded
 
 
-class Groups:
-    if TYPE_CHECKING:
-        # Postings provides these; Ledger puts them together
-        clock: Callable[[], int]
-        currency: str
-
-        @contextmanager
-        def begin(self) -> Iterator[Session]: ...
-        def _new_wallet(self, db: Session, ref: WalletRef) -> Wallet: ...
-
+class Groups(LedgerPart):
     # ------------------------------------------------------------------ the registry
 
     def create_group(

@@ -16,13 +16,10 @@ from sqlalchemy import Table, and_, bindparam, case, func, or_, select
 
 from .money import window_charge
 from .orm import MeteredSession, Pass, Wallet
-from .postings import METER, capped_end, session_cost, window_amount
+from .postings import METER, LedgerPart, capped_end, session_cost, window_amount
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterator
-    from contextlib import contextmanager
-
-    from sqlalchemy.orm import Session
+    pass
 
 
 @dataclass
@@ -125,14 +122,7 @@ class Running(NamedTuple):
     max_seconds: int | None
 
 
-class MeterBatch:
-    if TYPE_CHECKING:
-        # Postings provides these; Ledger puts them together
-        fault: Callable[[str], None]
-
-        @contextmanager
-        def begin(self) -> Iterator[Session]: ...
-
+class MeterBatch(LedgerPart):
     def charge_running(self, session_ids: list[int], now: int) -> dict[int, WalletView]:
         """Charge many running sessions up to `now` in one transaction (the meter's pass).
 

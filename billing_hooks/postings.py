@@ -1041,3 +1041,12 @@ def member_spent(db: Session, wallet_id: int, user: str, since: int) -> int:
 
 def group_settings(db: Session, name: str) -> GroupSettings | None:
     return db.scalars(select(GroupSettings).where(GroupSettings.name == name)).first()
+
+
+#: the base of the Ledger's parts (Vouchers, TopUps, Courses): Postings for the type checker,
+#: which then knows the helpers they call (begin, _post, _wallet, ...), and nothing at run
+#: time, where Ledger puts the parts and Postings together
+if TYPE_CHECKING:
+    LedgerPart = Postings
+else:
+    LedgerPart = object

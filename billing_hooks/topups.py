@@ -20,14 +20,14 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from meterhub.i18n import _
 
-from .postings import LedgerError, Posted, request_digest
+from .postings import LedgerError, LedgerPart, Posted, request_digest
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    pass
 
 TIMESTAMP_HEADER = "X-Meterhub-Timestamp"
 SIGNATURE_HEADER = "X-Meterhub-Signature"
@@ -95,22 +95,7 @@ def read_secret(value: str | None, path: str | None) -> bytes | None:
     return secret
 
 
-class TopUps:
-    if TYPE_CHECKING:
-        clock: Callable[[], int]
-
-        def _keyed_post(
-            self,
-            user: str,
-            kind: str,
-            amount: int,
-            key: str,
-            actor: str,
-            digest: str,
-            note: str = "",
-            **fields: Any,
-        ) -> Posted: ...
-
+class TopUps(LedgerPart):
     def topup(
         self, user: str, amount_micros: int, transaction: str, note: str = "", actor: str = ACTOR
     ) -> Posted:

@@ -28,16 +28,12 @@ from meterhub.i18n import _
 
 from .money import format_money
 from .orm import Entry, RedeemFailure, Voucher, Wallet
-from .postings import LedgerError, Posted, request_digest
+from .postings import LedgerError, LedgerPart, Posted, request_digest
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterator
-    from contextlib import contextmanager
-
     from sqlalchemy.engine import CursorResult
     from sqlalchemy.orm import Session
 
-    from .wallets import WalletRef
 
 #: Crockford's base32: no I, L, O or U (nothing to misread)
 ALPHABET = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
@@ -138,28 +134,7 @@ def _moment(epoch: int) -> str:
     return datetime.datetime.fromtimestamp(epoch, datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
 
 
-class Vouchers:
-    if TYPE_CHECKING:
-        # Postings provides these; Ledger puts them together
-        clock: Callable[[], int]
-        currency: str
-        fault: Callable[[str], None]
-
-        @contextmanager
-        def begin(self) -> Iterator[Session]: ...
-        def _ensure_wallet(self, db: Session, owner: str | WalletRef) -> Wallet: ...
-        def _post(
-            self,
-            db: Session,
-            wallet: Wallet,
-            kind: str,
-            amount: int,
-            key: str,
-            actor: str,
-            note: str = "",
-            **fields: Any,
-        ) -> Entry: ...
-
+class Vouchers(LedgerPart):
     def create_vouchers(
         self,
         amount_micros: int,
