@@ -603,13 +603,6 @@ def apply_spawner_config(site: dict, c: Config) -> Config:
         "min_minutes_to_start",
         "warn_minutes",
         "audit_interval_seconds",
-    ):
-        if key in billing:
-            setattr(c.BillingSettings, key, billing[key])
-    for key in ("trial_credit", "overdraft", "max_grant", "max_topup"):
-        if key in billing:
-            setattr(c.BillingSettings, key, str(billing[key]))
-    for key in (
         "topup_url",
         "topup_secret",
         "topup_secret_file",
@@ -619,6 +612,9 @@ def apply_spawner_config(site: dict, c: Config) -> Config:
     ):
         if key in billing:
             setattr(c.BillingSettings, key, billing[key])
+    for key in ("trial_credit", "overdraft", "max_grant", "max_topup"):
+        if key in billing:
+            setattr(c.BillingSettings, key, str(billing[key]))
     if os.environ.get(TOPUP_SECRET_ENV):
         # a secret does not belong in a config file (the managed billing service gets it
         # from the hub's environment, hub.app.billing_service)
