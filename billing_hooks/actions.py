@@ -34,10 +34,13 @@ MAX_NOTE = 500
 
 
 class ActionError(Exception):
-    def __init__(self, status: int, message: str):
+    """A refusal: its HTTP status, its message, and headers of its own (Retry-After)."""
+
+    def __init__(self, status: int, message: str, headers: dict[str, str] | None = None):
         super().__init__(message)
         self.status = status
         self.message = message
+        self.headers = headers or {}
 
 
 def check_key(key: object) -> str:

@@ -494,6 +494,8 @@ class BillingHandler(HubOAuthenticated, web.RequestHandler):
         try:
             return await asyncio.to_thread(function, *args, **kwargs)
         except actions.ActionError as e:
+            if e.headers:
+                raise HeadedError(e.status, e.message, e.headers) from None
             raise web.HTTPError(e.status, "%s", e.message) from None
 
     def send_posted(self, posted, as_json) -> None:
@@ -794,14 +796,7 @@ class RedeemHandler(BillingHandler):
         await self.authorize(name)
         code = self.body()["code"]
         limits = billing_settings(self).redeem_limits
-        try:
-            posted = await asyncio.to_thread(
-                topup_actions.redeem, self.ledger, name, code, self.actor, limits
-            )
-        except topup_actions.RateLimited as e:
-            raise HeadedError(429, e.message, {"Retry-After": str(e.retry_after)}) from None
-        except actions.ActionError as e:
-            raise web.HTTPError(e.status, "%s", e.message) from None
+        posted = await self.act(topup_actions.redeem, self.ledger, name, code, self.actor, limits)
         self.send_posted(posted, _entry_json)
 
 

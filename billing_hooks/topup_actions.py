@@ -34,7 +34,7 @@ class RateLimited(ActionError):
     """429: too many codes failed; `retry_after` seconds until one more may be tried."""
 
     def __init__(self, message: str, retry_after: int):
-        super().__init__(429, message)
+        super().__init__(429, message, {"Retry-After": str(retry_after)})
         self.retry_after = retry_after
 
 

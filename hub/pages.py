@@ -203,6 +203,8 @@ class MeterhubPage(BaseHandler):
         try:
             return await asyncio.to_thread(action, *args)
         except actions.ActionError as e:
+            for name, value in e.headers.items():
+                self.set_header(name, value)
             await self.show(error=e.message, status=e.status)
             return None
 
@@ -370,16 +372,10 @@ class WalletRedeemPage(WalletPage):
         ledger = await self.billing.ledger_async()
         user = self.current_user.name
         code = self.get_body_argument("code", "")
-        try:
-            posted = await asyncio.to_thread(
-                topup_actions.redeem, ledger, user, code, user, self.billing.redeem_limits
-            )
-        except topup_actions.RateLimited as e:
-            self.set_header("Retry-After", str(e.retry_after))
-            await self.show(error=e.message, status=429)
-            return
-        except actions.ActionError as e:
-            await self.show(error=e.message, status=e.status)
+        posted = await self.act(
+            topup_actions.redeem, ledger, user, code, user, self.billing.redeem_limits
+        )
+        if posted is None:
             return
         entry = posted.value
         if posted.replayed:

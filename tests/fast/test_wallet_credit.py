@@ -256,6 +256,15 @@ async def test_the_wallet_page_redeems_a_code_and_links_the_payment_page(hub):
     r = await hub.request("POST", f"{page}/redeem", session=ivy, data={**form, "code": "nope"})
     assert r.status_code == 400 and 'id="meterhub-error"' in r.text
     assert hub.ledger.balance("ivy") == to_micros("8.50")
+    # the page is limited as the API is, and says when to come back (the shared act())
+    for _i in range(PER_USER):
+        r = await hub.request(
+            "POST", f"{page}/redeem", session=ivy, data={**form, "code": new_code()}
+        )
+        assert r.status_code == 404, r.text[:2000]
+    r = await hub.request("POST", f"{page}/redeem", session=ivy, data=form)
+    assert r.status_code == 429 and 0 < int(r.headers["Retry-After"]) <= 900
+    assert hub.ledger.balance("ivy") == to_micros("8.50")
 
 
 async def test_pass_offers_are_what_the_site_has_and_the_user_may_start(hub):
