@@ -270,8 +270,8 @@ def _seconds(session) -> int:
 def group_usage_rows(
     ledger: Ledger, group: str, since: int | None = None, until: int | None = None
 ) -> list[tuple]:
-    """(session, member, profile label, started, stopped or "", seconds, cost), oldest
-    first: what the group's wallet paid for (started in [since, until))."""
+    """(session, member, profile label, started, stopped or "", seconds, cost, environment
+    or ""), oldest first: what the group's wallet paid for (started in [since, until))."""
     try:
         pairs = ledger.group_sessions(group, since, until)
     except UnknownWallet as e:
@@ -285,6 +285,7 @@ def group_usage_rows(
             s.stopped_at or "",
             _seconds(s),
             cost,
+            s.environment or "",
         )
         for s, cost in reversed(pairs)
     ]
@@ -314,20 +315,24 @@ def group_usage_csv(
             "stopped_at",
             "seconds",
             f"cost_{ledger.currency}",
+            "environment",
         ]
     )
-    for sid, member, label, started, stopped, seconds, cost in group_usage_rows(
+    for sid, member, label, started, stopped, seconds, cost, environment in group_usage_rows(
         ledger, group, since, until
     ):
         amount = format_money(cost, ledger.currency, symbol=False).split()[0]
-        writer.writerow([sid, member, label, csv_time(started), csv_time(stopped), seconds, amount])
+        writer.writerow(
+            [sid, member, label, csv_time(started), csv_time(stopped), seconds, amount, environment]
+        )
     return out.getvalue()
 
 
 def usage_rows(ledger: Ledger, user: str) -> list[tuple]:
-    """(session, profile label, started, stopped or "", seconds, cost in micros), oldest first."""
+    """(session, profile label, started, stopped or "", seconds, cost in micros, environment
+    or ""), oldest first."""
     return [
-        (s.id, _label(s), s.started_at, s.stopped_at or "", _seconds(s), cost)
+        (s.id, _label(s), s.started_at, s.stopped_at or "", _seconds(s), cost, s.environment or "")
         for s, cost in ledger.sessions_with_cost(user)
     ]
 
@@ -337,9 +342,19 @@ def usage_csv(ledger: Ledger, user: str) -> str:
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\n")
     writer.writerow(
-        ["session", "profile", "started_at", "stopped_at", "seconds", f"cost_{ledger.currency}"]
+        [
+            "session",
+            "profile",
+            "started_at",
+            "stopped_at",
+            "seconds",
+            f"cost_{ledger.currency}",
+            "environment",
+        ]
     )
-    for sid, label, started, stopped, seconds, cost in usage_rows(ledger, user):
+    for sid, label, started, stopped, seconds, cost, environment in usage_rows(ledger, user):
         amount = format_money(cost, ledger.currency, symbol=False).split()[0]
-        writer.writerow([sid, label, csv_time(started), csv_time(stopped), seconds, amount])
+        writer.writerow(
+            [sid, label, csv_time(started), csv_time(stopped), seconds, amount, environment]
+        )
     return out.getvalue()

@@ -161,6 +161,7 @@ def _session_json(session: MeteredSession, cost: int) -> dict:
         "seconds": _metered_seconds(session),
         "cost": _money(cost),
         "cost_micros": cost,
+        "environment": session.environment,
     }
 
 

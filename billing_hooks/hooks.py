@@ -111,6 +111,7 @@ async def _authorize_spawn(spawner) -> None:
             wallet,
             None if choice.max_cost is None else to_micros(choice.max_cost),
             None if choice.max_hours is None else choice.max_hours * 3600,
+            catalog.environment_of(choice).slug,
         )
     except InsufficientCredit as e:
         raise web.HTTPError(402, str(e), reason="Not enough credit") from None
@@ -124,10 +125,11 @@ async def _authorize_spawn(spawner) -> None:
     with using(DEFAULT_LANGUAGE):  # the log is English, whoever spawns
         label = choice.label
     spawner.log.info(
-        "Billing session %s for %s: %s at %s/h, paid by %s",
+        "Billing session %s for %s: %s (%s) at %s/h, paid by %s",
         auth.session_id,
         spawner._log_name,
         label,
+        catalog.environment_of(choice).slug,
         choice.rate_per_hour,
         wallet or f"user:{spawner.user.name}",
     )

@@ -506,6 +506,7 @@ class Meter:
                 session.id,
                 wallet_option(view.kind, view.user),
                 reason,
+                session.environment,
             )
             result.to_debug.append((*where, reason))
             return True

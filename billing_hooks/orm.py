@@ -119,6 +119,8 @@ class MeteredSession(Base):
     max_cost_micros: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     #: the user's time cap ("stop after N hours"), counted from ready: nothing is charged after
     max_seconds: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    #: the environment it ran (`pytorch`, `minimal`...); None for sessions from before them
+    environment: Mapped[str | None] = mapped_column(String(32), nullable=True)
 
 
 class Pass(Base):

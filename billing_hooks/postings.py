@@ -390,6 +390,7 @@ class Postings:
         wallet: str | WalletRef | None = None,
         max_cost_micros: int | None = None,
         max_seconds: int | None = None,
+        environment: str | None = None,
     ) -> Authorization:
         """Authorize a spawn and open its session, or refuse with what to do.
 
@@ -401,7 +402,8 @@ class Postings:
         spent in the cap's period and their other sessions on it.
 
         `max_cost_micros` and `max_seconds` are the user's own caps on this session (the
-        spawn page's "stop after"): it is never charged past either.
+        spawn page's "stop after"): it is never charged past either. `environment` is
+        what it runs (recorded for its usage rows; it does not change the price).
         """
         now = self.clock()
         payer = as_ref(user if wallet is None else wallet)
@@ -513,6 +515,7 @@ class Postings:
                 started_at=now,
                 max_cost_micros=max_cost_micros,
                 max_seconds=max_seconds,
+                environment=environment,
             )
             db.add(session)
             db.flush()

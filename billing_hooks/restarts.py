@@ -48,13 +48,22 @@ class Restarts:
         def begin(self) -> Iterator[Session]: ...
 
     def request_restart(
-        self, user: str, server_name: str, session_id: int, wallet: str, reason: str
+        self,
+        user: str,
+        server_name: str,
+        session_id: int,
+        wallet: str,
+        reason: str,
+        environment: str | None = None,
     ) -> bool:
         """Queue a debug-mode restart of the server whose session `session_id` is being
-        stopped, paid from `wallet`; False when that session's restart is queued already."""
+        stopped, paid from `wallet`, in the same `environment` where debug mode can run it
+        (the hub decides); False when that session's restart is queued already."""
         if reason not in REASONS:
             raise ValueError(f"unknown restart reason {reason!r}")
         options = {"profile": "debug", "wallet": wallet}
+        if environment:
+            options["environment"] = environment
         try:
             with self.begin() as db:
                 db.add(

@@ -2,7 +2,8 @@
 what counts as this server's activity for idle shutdown (docs/idle.md).
 
 - `GET /api/meterhub/status`: balance, rate, minutes left, the site's warning thresholds
-  (`warn_minutes`), the server's profile and GPUs, the unread notifications, how long the
+  (`warn_minutes`), the server's profile, GPUs and environment (its slug and `sys.prefix`),
+  the unread notifications, how long the
   server has been idle of its limit (`idle`) and the soonest stop foreseeable (`stop`).
 - `POST /api/meterhub/notifications/read` with `{"ids": [1, 2]}`: JupyterLab has shown those
   notifications, so they are marked read and a reload does not show them again.
@@ -33,6 +34,7 @@ import logging
 import os
 import re
 import signal
+import sys
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from datetime import UTC, datetime
@@ -534,6 +536,9 @@ class StatusHandler(BillingAPIHandler):
                 "summary": wallet["summary"],
                 "profile": os.environ.get("METERHUB_PROFILE", ""),
                 "gpus": _env_int(os.environ, "METERHUB_GPUS"),
+                # what it runs: the environment chosen at spawn, and where it lives
+                "environment": os.environ.get("METERHUB_ENVIRONMENT", ""),
+                "prefix": sys.prefix,
                 "notifications": notes["notifications"],
                 "idle": idle,
                 "stop": soonest_stop(idle, wallet, os.environ.get("JUPYTERHUB_SERVER_NAME", "")),

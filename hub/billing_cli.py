@@ -238,7 +238,7 @@ def usage(args) -> int:
         if args.csv:
             sys.stdout.write(actions.group_usage_csv(ledger, group))
             return 0
-        for sid, member, label, _s, stopped, seconds, cost in actions.group_usage_rows(
+        for sid, member, label, _s, stopped, seconds, cost, _env in actions.group_usage_rows(
             ledger, group
         ):
             state = "running" if stopped == "" else "stopped"
@@ -250,10 +250,10 @@ def usage(args) -> int:
     if args.csv:
         sys.stdout.write(actions.usage_csv(ledger, wallet))
         return 0
-    for sid, label, _started, stopped, seconds, cost in actions.usage_rows(ledger, wallet):
+    for sid, label, _s, stopped, seconds, cost, environment in actions.usage_rows(ledger, wallet):
         state = "running" if stopped == "" else "stopped"
         print(
-            f"{sid:>6}  {label:<12} {format_duration(seconds):>12}"
+            f"{sid:>6}  {label:<12} {environment:<10} {format_duration(seconds):>12}"
             f"  {format_money(cost, settings.currency, symbol=False):>12}  {state}"
         )
     return 0

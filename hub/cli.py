@@ -45,7 +45,9 @@ def _render_k8s(args) -> int:
     from .render_k8s import RenderError, render, render_yaml
 
     try:
-        documents = render(site, args.user, args.profile, args.gpus, args.group or ())
+        documents = render(
+            site, args.user, args.profile, args.gpus, args.group or (), args.environment
+        )
     except RenderError as e:
         raise CliError(str(e)) from None
     sys.stdout.write(render_yaml(documents))
@@ -117,6 +119,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     render.add_argument("--gpus", type=int, help="GPU count (GPU profiles): 1, 2, 4 or 8")
     render.add_argument(
+        "--environment",
+        help="an environment of the site's list (pytorch, deepspeed, vllm, minimal):"
+        " its image; default the default environment",
+    )
+    render.add_argument(
         "--group", action="append", help="a JupyterHub group of the user (repeatable)"
     )
     render.set_defaults(func=_render_k8s)
@@ -166,6 +173,7 @@ def build_parser() -> argparse.ArgumentParser:
     from .billing_cli import add_commands
     from .course_cli import add_commands as add_course_commands
     from .disk_cli import add_commands as add_disk_commands
+    from .env_cli import add_commands as add_env_commands
     from .group_cli import add_commands as add_group_commands
     from .stop_cli import add_command as add_stop_command
     from .voucher_cli import add_commands as add_voucher_commands
@@ -175,6 +183,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_group_commands(commands)
     add_course_commands(commands)
     add_disk_commands(commands)
+    add_env_commands(commands)
     add_voucher_commands(commands)
     return parser
 

@@ -22,6 +22,7 @@ from meterhub.billing_hooks import hooks
 from meterhub.billing_hooks.scopes import BILLING_ACCESS, CUSTOM_SCOPES
 from meterhub.i18n.web import language_transform
 from meterhub.spawner.catalog import DEBUG, merge_gpu_types, parse_price
+from meterhub.spawner.environments import merge_environments
 
 from . import spawn_form
 from .accounts import USERNAME_PATTERN
@@ -141,6 +142,10 @@ def load_site_config(path: str | os.PathLike | None, cwd: str | None = None) -> 
                 except ValueError as e:
                     problems.append(str(e))
         problems += gpu_type_problems(site)
+        try:
+            merge_environments(site.get("environments"))
+        except ValueError as e:
+            problems.append(str(e))
         slurm = site.get("slurm") or {}
         if str(slurm.get("user_map", "")).startswith("run_as:") and slurm.get("sandbox") != "bwrap":
             problems.append(
@@ -281,6 +286,12 @@ def complete(site: dict, cwd: str | None = None) -> dict:
     if "topup_secret_file" in site.get("billing", {}):
         secret_file = site["billing"]["topup_secret_file"]
         site["billing"]["topup_secret_file"] = os.path.abspath(os.path.join(base, secret_file))
+    for environment in site.get("environments") or ():
+        # a path with a folder in it is the site's own file; a bare name is one of meterhub's
+        if "/" in environment.get("requirements", ""):
+            environment["requirements"] = os.path.abspath(
+                os.path.join(base, environment["requirements"])
+            )
     if site["local"]["sandbox"] is False:
         site["local"]["sandbox"] = "off"
     billing = site["billing"]
@@ -666,6 +677,7 @@ def apply_spawner_config(site: dict, c: Config) -> Config:
         for slug, profile in site["profiles"].items()
         if profile.get("allowed_groups_by_count")
     }
+    c.Catalog.environments = copy.deepcopy(site.get("environments") or [])
     apply_idle(site, c)
     debug = site["profiles"].get("debug", {})
     if "cpu" in debug:
@@ -733,6 +745,7 @@ def apply_slurm(site: dict, c: Config) -> Config:
     s.poll_interval = slurm["poll_interval_seconds"]
     if "env_prefix" in slurm:
         s.server_env_prefix = slurm["env_prefix"]
+    s.envs_dir = slurm.get("envs_dir") or os.path.join(site["data_dir"], "envs")
     # the pool on the shared filesystem; the demo pool lives in the hub's private data_dir
     s.pool_dir = site.get("public_dir") or ""
     s.disk_mount_path = site["local"]["disk_mount_path"]

@@ -138,12 +138,21 @@ async def _render(site: dict, user: str, options: dict, groups) -> list[dict]:
     return await start_manifests(_spawner(site, user, groups), options)
 
 
-def render(site: dict, user: str, profile: str, gpus: int | None = None, groups=()) -> list[dict]:
-    """The Pod and PVC for `user` starting `profile` (with `gpus`), then a claim per group
-    of `groups` (each with a shared folder), as API objects (dicts)."""
+def render(
+    site: dict,
+    user: str,
+    profile: str,
+    gpus: int | None = None,
+    groups=(),
+    environment: str | None = None,
+) -> list[dict]:
+    """The Pod and PVC for `user` starting `profile` (with `gpus`, in `environment`), then a
+    claim per group of `groups` (each with a shared folder), as API objects (dicts)."""
     options = {"profile": profile}
     if gpus is not None:
         options["gpus"] = str(gpus)
+    if environment is not None:
+        options["environment"] = environment
     return asyncio.run(_render(site, user, options, groups))
 
 

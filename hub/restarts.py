@@ -137,7 +137,7 @@ async def _restart(app, restart, now: int) -> Reason | tuple[()] | None:
                 url,
                 method="POST",
                 headers=restart_headers(token, spawner.environment),
-                body=restart.options,
+                body=debug_options(spawner, restart.options),
                 request_timeout=60,
             )
         )
@@ -158,6 +158,20 @@ async def _restart(app, restart, now: int) -> Reason | tuple[()] | None:
         json.loads(restart.options),
     )
     return ()
+
+
+def debug_options(spawner, options: str) -> str:
+    """The restart's user options, without an environment debug mode cannot run (a GPU-only
+    one, or one the catalog no longer offers): it then starts in the default environment."""
+    parsed = json.loads(options)
+    slug = parsed.get("environment")
+    catalog = getattr(spawner, "catalog", None)
+    if slug and catalog is not None:
+        environment = catalog.environments_offered().get(slug)
+        if environment is None or environment.gpu_only:
+            log.info("Restarting %s in debug mode: %s cannot run there", spawner._log_name, slug)
+            del parsed["environment"]
+    return json.dumps(parsed, sort_keys=True)
 
 
 def _refusal(error: HTTPClientError) -> Reason:

@@ -25,7 +25,7 @@ from meterhub.billing_hooks.settings import BillingSettings, priced_catalog
 from meterhub.billing_hooks.wallets import period_phrase
 from meterhub.i18n import _
 from meterhub.spawner.catalog import Choice
-from meterhub.spawner.form import PayerOption, render_options_form
+from meterhub.spawner.form import PayerOption, environment_options, render_options_form
 from meterhub.spawner.options import group_names
 
 
@@ -174,4 +174,7 @@ async def options_form(spawner) -> str:
         payers=payers,
         payer_checked=checked,
         price=lambda amount: format_money(to_micros(amount), settings.currency),
+        environments=await asyncio.to_thread(
+            environment_options, catalog, spawner.environment_refusal
+        ),
     )

@@ -16,6 +16,7 @@ from traitlets.config import LoggingConfigurable
 from meterhub.i18n import N_, _
 
 from .amounts import AmountError, parse_decimal
+from .environments import Environment, default_environment, merge_environments
 
 #: GPU counts a profile may ask for.
 GPU_COUNTS: tuple[int, ...] = (1, 2, 4, 8)
@@ -280,6 +281,8 @@ class Choice:
     max_cost: Decimal | None = None
     #: the user's time cap for this session ("stop after N hours")
     max_hours: int | None = None
+    #: what software it runs; None: the catalog's default (a Choice made without options)
+    environment: Environment | None = None
 
     @property
     def rate_per_hour(self) -> Decimal:
@@ -326,6 +329,8 @@ class Choice:
             options["max_cost"] = str(self.max_cost)
         if self.max_hours is not None:
             options["max_hours"] = str(self.max_hours)
+        if self.environment is not None:
+            options["environment"] = self.environment.slug
         return options
 
     @property
@@ -372,6 +377,43 @@ class Catalog(LoggingConfigurable):
     def slugs(self) -> tuple[str, ...]:
         """Every profile slug: debug, then the GPU types."""
         return (DEBUG, *self.types())
+
+    environments = List(
+        Dict(),
+        help="""
+        The environments servers may run, chosen at spawn beside the profile (user option
+        `environment`), as a list of `{"slug", "display_name", "description", "requirements",
+        "image", "gpu_only", "default", "prefix"}`. Empty (default): the built-in ones,
+        `pytorch` (the default: the servers' own environment), `deepspeed`, `vllm` (GPU
+        profiles only) and `minimal`. A list offers exactly its entries: one with a built-in
+        slug takes that environment's fields and overrides those it gives.
+
+        `requirements` is a pinned requirements file (absolute, or relative to meterhub's
+        `envs` folder) that `meterhub env build` installs into `<data_dir>/envs/<slug>` for
+        the local and Slurm backends; `prefix` an existing Python environment to run from
+        instead (it needs `meterhub[lab]`); `image` the image on Kubernetes. A spawn of an
+        environment that is not built is refused with the command that builds it.
+        """,
+    ).tag(config=True)
+
+    @validate("environments")
+    def _validate_environments(self, proposal):
+        try:
+            merge_environments(proposal["value"], where="Catalog.environments")
+        except ValueError as e:
+            raise TraitError(str(e)) from None
+        return proposal["value"]
+
+    def environments_offered(self) -> dict[str, Environment]:
+        """The environments of this deployment by slug, in the site's order."""
+        return merge_environments(self.environments, where="Catalog.environments")
+
+    def default_environment(self) -> Environment:
+        return default_environment(self.environments_offered())
+
+    def environment_of(self, choice: Choice) -> Environment:
+        """The environment `choice` runs: its own, or the default."""
+        return choice.environment or self.default_environment()
 
     prices = Dict(
         key_trait=Unicode(),
@@ -574,7 +616,7 @@ class Catalog(LoggingConfigurable):
             )
         if not isinstance(user_options, dict):
             raise InvalidChoice(_("user options must be an object"))
-        allowed = {"profile", "gpus", *CAP_OPTIONS, *self.extra_options}
+        allowed = {"profile", "gpus", "environment", *CAP_OPTIONS, *self.extra_options}
         unknown = set(user_options) - allowed
         if unknown:
             raise InvalidChoice(
@@ -596,11 +638,13 @@ class Catalog(LoggingConfigurable):
             )
         profile = profiles[slug]
         max_cost, max_hours = session_caps(user_options)
+        environment = self.parse_environment(user_options.get("environment"), profile)
+        caps = {"max_cost": max_cost, "max_hours": max_hours, "environment": environment}
         raw_gpus = user_options.get("gpus")
         if profile.is_debug:
             if raw_gpus not in (None, "", "0", 0):
                 raise InvalidChoice(_("Debug mode has no GPUs; leave out 'gpus'"))
-            return Choice(profile, 0, max_cost=max_cost, max_hours=max_hours)
+            return Choice(profile, 0, **caps)
         counts = ", ".join(map(str, profile.counts))
         if raw_gpus is None:
             raise InvalidChoice(
@@ -619,7 +663,33 @@ class Catalog(LoggingConfigurable):
                     got=repr(raw_gpus),
                 )
             )
-        return Choice(profile, gpus, max_cost=max_cost, max_hours=max_hours)
+        return Choice(profile, gpus, **caps)
+
+    def parse_environment(self, raw: object, profile: Profile) -> Environment | None:
+        """The environment user options name for `profile` (absent or empty: None, the
+        default, whatever it is when the server starts); InvalidChoice for an unknown one, or
+        a GPU-only one in debug mode."""
+        offered = self.environments_offered()
+        if raw in (None, ""):
+            return None
+        if not isinstance(raw, str) or raw not in offered:
+            raise InvalidChoice(
+                _(
+                    "Unknown environment %(environment)s; choose one of: %(environments)s",
+                    environment=repr(raw),
+                    environments=", ".join(offered),
+                )
+            )
+        environment = offered[raw]
+        if environment.gpu_only and profile.is_debug:
+            raise InvalidChoice(
+                _(
+                    "The %(environment)s environment needs a GPU: choose a GPU profile, or"
+                    " another environment for debug mode",
+                    environment=_(environment.display_name),
+                )
+            )
+        return environment
 
     def idle(self, slug: str) -> IdlePolicy:
         """What happens to an idle (or capped) server of profile `slug`."""

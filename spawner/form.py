@@ -10,12 +10,14 @@ from dataclasses import dataclass
 from decimal import Decimal
 from pathlib import Path
 
-from jinja2 import Environment, select_autoescape
+import jinja2
+from jinja2 import select_autoescape
 from markupsafe import Markup, escape
 
 from meterhub.i18n import _
 
 from .catalog import MAX_HOURS, Catalog, Choice, Profile
+from .environments import Environment
 from .options import nothing_allowed
 
 #: what a deployment adds to each choice: (note shown beside it, reason it cannot start or "")
@@ -32,7 +34,9 @@ def _fill(message: str, **fields: Markup) -> Markup:
     return Markup(escape(message)) % fields
 
 
-_env = Environment(autoescape=select_autoescape(default=True), trim_blocks=True, lstrip_blocks=True)
+_env = jinja2.Environment(
+    autoescape=select_autoescape(default=True), trim_blocks=True, lstrip_blocks=True
+)
 # the language of the moment at each render (the request's), never at import
 _env.globals["_"] = _
 _env.filters["fill"] = _fill
@@ -47,6 +51,27 @@ class PayerOption:
     label: str
     detail: str = ""
     disabled_reason: str = ""
+
+
+@dataclass(frozen=True)
+class EnvironmentOption:
+    """An environment the form offers, posted as `environment`; GPU-only ones are disabled
+    in debug mode by the page (and refused by the server whatever is posted)."""
+
+    environment: Environment
+    disabled_reason: str = ""
+
+
+def _always_ready(environment: Environment) -> str:
+    return ""
+
+
+def environment_options(
+    catalog: Catalog, not_ready: Callable[[Environment], str] = _always_ready
+) -> list[EnvironmentOption]:
+    """The catalog's environments, each with why this backend cannot start it now (an
+    environment that is not built), or ""."""
+    return [EnvironmentOption(e, not_ready(e)) for e in catalog.environments_offered().values()]
 
 
 @dataclass(frozen=True)
@@ -127,12 +152,21 @@ def render_options_form(
     payers: Sequence[PayerOption] = (),
     payer_checked: str = "",
     price: Callable[[Decimal], str] | None = None,
+    environments: Sequence[EnvironmentOption] | None = None,
 ) -> str:
     """The form's HTML; when the user's `groups` may start nothing at all, it says so (and
     whom to ask) above the choices, all disabled. `price` writes an amount as people read
-    it (the hub passes billing's `format_money`); by default the symbol and the amount."""
+    it (the hub passes billing's `format_money`); by default the symbol and the amount.
+    `environments`: what the backend says of each environment (default: all startable)."""
     options = profile_options(catalog, availability, annotate, groups)
     first_enabled = next((o.profile.slug for o in options if not o.disabled_reason), None)
+    if environments is None:
+        environments = environment_options(catalog)
+    startable = [o for o in environments if not o.disabled_reason]
+    environment_checked = next(
+        (o.environment.slug for o in startable if o.environment.default),
+        startable[0].environment.slug if startable else None,
+    )
     return _template.render(
         options=options,
         checked=first_enabled,
@@ -143,4 +177,6 @@ def render_options_form(
         payers=payers,
         payer_checked=payer_checked,
         max_hours=MAX_HOURS,
+        environments=environments,
+        environment_checked=environment_checked,
     )

@@ -23,6 +23,7 @@ from traitlets.config import Config
 from meterhub.i18n import _
 
 from .catalog import Catalog, Choice
+from .environments import Environment
 from .options import CatalogOptions, SharedGroup, group_names, shared_folder_groups
 
 GIB = 1024**3
@@ -465,6 +466,30 @@ class KubeGPUSpawner(CatalogOptions, KubeSpawner):
         override["tolerations"] = [*configured["tolerations"], *self.gpu_tolerations]
         return override
 
+    def environment_override(self, environment: Environment) -> dict:
+        """What an environment sets on top of its profile's choice (applied after it): its
+        image, where it has one (the built-in `pytorch` keeps `image` / `gpu_image`)."""
+        override: dict = {"environment": {"METERHUB_ENVIRONMENT": environment.slug}}
+        if environment.image:
+            override["image"] = environment.image
+        return override
+
+
+def environment_option(spawner: KubeGPUSpawner, catalog: Catalog, debug: bool) -> dict:
+    """The `environment` profile option of a profile: the catalog's environments (not the
+    GPU-only ones in debug mode), the default one preselected."""
+    choices = {}
+    for environment in catalog.environments_offered().values():
+        if debug and environment.gpu_only:
+            continue
+        choices[environment.slug] = {
+            "display_name": _(environment.display_name),
+            "kubespawner_override": spawner.environment_override(environment),
+        }
+        if environment.default:
+            choices[environment.slug]["default"] = True
+    return {"display_name": _("Environment"), "choices": choices}
+
 
 def _with(configured: dict | list, added: dict) -> dict | list:
     """KubeSpawner's `volumes` or `volume_mounts` (a dict, or a list) plus `added`."""
@@ -513,6 +538,9 @@ def profile_list_for(spawner: KubeGPUSpawner, catalog: Catalog, groups) -> list[
                         "No GPU, same disk · %(price)s per hour", price=profile.price_per_hour
                     ),
                     "kubespawner_override": spawner.choice_override(choice),
+                    "profile_options": {
+                        "environment": environment_option(spawner, catalog, debug=True)
+                    },
                 }
             )
             continue
@@ -541,7 +569,11 @@ def profile_list_for(spawner: KubeGPUSpawner, catalog: Catalog, groups) -> list[
                     vram=gpu_type.vram_gb,
                     price=profile.price_per_hour,
                 ),
-                "profile_options": {"gpus": {"display_name": _("GPUs"), "choices": choices}},
+                # in this order: the environment's image goes over the GPU choice's
+                "profile_options": {
+                    "gpus": {"display_name": _("GPUs"), "choices": choices},
+                    "environment": environment_option(spawner, catalog, debug=False),
+                },
             }
         )
     return profiles

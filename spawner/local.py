@@ -41,13 +41,14 @@ from meterhub.i18n import N_, _
 from . import cgroups, disk_archive, procs
 from .allocator import GpuAllocator, NotEnoughGpus
 from .catalog import Choice, GpuType, InvalidChoice
-from .form import render_options_form
+from .form import environment_options, render_options_form
 from .inventory import Gpu, declared_inventory, detect_inventory, device_nodes, visible_devices_env
 from .options import (
     SHARED_FOLDER_NAME,
-    CatalogOptions,
+    FolderEnvironments,
     SharedGroup,
     group_names,
+    ready_environment_prefix,
     shared_folder_groups,
 )
 from .sandbox import SandboxSpec, bwrap_command, bwrap_works
@@ -690,7 +691,7 @@ def disk_dirname(username: str) -> str:
     return escape(username, safe=SAFE_NAME_CHARS, escape_char="-")
 
 
-class LocalGPUSpawner(CatalogOptions, LocalProcessSpawner):
+class LocalGPUSpawner(FolderEnvironments, LocalProcessSpawner):
     """Spawn servers locally with a profile from the catalog, exclusive GPUs and a sandbox."""
 
     data_dir = Unicode(
@@ -840,14 +841,34 @@ class LocalGPUSpawner(CatalogOptions, LocalProcessSpawner):
 
     server_env_prefix = Unicode(
         help="""
-        Prefix of the Python environment servers run from (it needs `meterhub[lab]`).
-        Default: the hub's own environment.
+        Prefix of the Python environment servers run from when their environment names
+        none of its own (the built-in `pytorch`, and any without `requirements` or
+        `prefix`); it needs `meterhub[lab]`. Default: the hub's own environment.
         """
     ).tag(config=True)
 
     @default("server_env_prefix")
     def _default_server_env_prefix(self):
         return sys.prefix
+
+    envs_dir = Unicode(
+        help="""
+        Where `meterhub env build` puts the environments servers may choose (site config
+        `environments`): `<envs_dir>/<slug>`. Default: `<data_dir>/envs`. Servers see the
+        one they run from read-only, nothing else of the data directory.
+        """
+    ).tag(config=True)
+
+    @default("envs_dir")
+    def _default_envs_dir(self):
+        return os.path.join(self.data_dir, "envs")
+
+    #: the Python environment the current (or last) start runs from
+    env_prefix = Unicode()
+
+    @default("env_prefix")
+    def _default_env_prefix(self):
+        return self.server_env_prefix
 
     stop_grace_seconds = Int(
         30,
@@ -972,6 +993,7 @@ class LocalGPUSpawner(CatalogOptions, LocalProcessSpawner):
         started = time.monotonic()
         choice = self.parse_options()
         self.choice = choice
+        self.env_prefix = await asyncio.to_thread(ready_environment_prefix, self, choice)
         self._events = []
         why_not = await asyncio.to_thread(bwrap_works) if self.sandbox != "off" else ""
         sandboxed = self.sandbox == "bwrap" or (self.sandbox == "auto" and not why_not)
@@ -1016,7 +1038,7 @@ class LocalGPUSpawner(CatalogOptions, LocalProcessSpawner):
             env.update(self._profile_env(choice, gpus, sandboxed))
             if sandboxed:
                 env["HOME"] = self.disk_mount_path
-            cmd = [os.path.join(self.server_env_prefix, "bin", "jupyterhub-singleuser")]
+            cmd = [os.path.join(self.env_prefix, "bin", "jupyterhub-singleuser")]
             cmd += self.get_args()
             if sandboxed:
                 files = await asyncio.to_thread(self._write_identity_files, folders.names)
@@ -1026,8 +1048,7 @@ class LocalGPUSpawner(CatalogOptions, LocalProcessSpawner):
                     pool=self.pool_dir or None,
                     pool_mount=self.pool_mount_path,
                     ro_paths=tuple(
-                        environment_paths(self.server_env_prefix)
-                        + server_code_paths(self.server_env_prefix)
+                        environment_paths(self.env_prefix) + server_code_paths(self.env_prefix)
                     ),
                     hidden=(os.path.abspath(self.data_dir),),
                     devices=tuple(device_nodes(gpus)),
@@ -1210,8 +1231,10 @@ class LocalGPUSpawner(CatalogOptions, LocalProcessSpawner):
             return
 
     def _profile_env(self, choice: Choice, gpus: list[Gpu], sandboxed: bool) -> dict[str, str]:
+        environment = self.catalog.environment_of(choice)
         env = {
             "METERHUB_PROFILE": choice.profile.slug,
+            "METERHUB_ENVIRONMENT": environment.slug,
             "METERHUB_GPUS": str(choice.gpus),
             "METERHUB_PUBLIC_DIR": self.pool_mount_path if sandboxed else self.pool_dir,
             "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
@@ -1223,7 +1246,7 @@ class LocalGPUSpawner(CatalogOptions, LocalProcessSpawner):
         return env
 
     def user_env(self, env):
-        return server_user_env(env, "jovyan", self.disk_mount_path, self.server_env_prefix)
+        return server_user_env(env, "jovyan", self.disk_mount_path, self.env_prefix)
 
     # ------------------------------------------------------------------ disk
 
@@ -1378,7 +1401,7 @@ class LocalGPUSpawner(CatalogOptions, LocalProcessSpawner):
         stamped with the server's kernel so that JupyterLab opens them unmodified."""
         if not os.path.isdir(self.starter_notebooks_dir):
             return
-        language_info = kernel_language_info(self.server_env_prefix)
+        language_info = kernel_language_info(self.env_prefix)
         for target in copy_starters(self.starter_notebooks_dir, disk, language_info):
             if run_as:
                 os.chown(target, *run_as)
@@ -1425,7 +1448,7 @@ class LocalGPUSpawner(CatalogOptions, LocalProcessSpawner):
         """Without a sandbox the dropped uid must reach the environment; say so clearly."""
         if self.run_as is None:
             return
-        for path in environment_paths(self.server_env_prefix):
+        for path in environment_paths(self.env_prefix):
             parts = os.path.realpath(path).split(os.sep)
             for i in range(2, len(parts) + 1):
                 prefix = os.sep.join(parts[:i])
@@ -1614,4 +1637,9 @@ async def _options_form(spawner: LocalGPUSpawner) -> str:
     availability = await asyncio.to_thread(
         spawner.allocator.availability, spawner.user.name, reserved
     )
-    return render_options_form(spawner.catalog, availability, groups=group_names(spawner.user))
+    return render_options_form(
+        spawner.catalog,
+        availability,
+        groups=group_names(spawner.user),
+        environments=environment_options(spawner.catalog, spawner.environment_refusal),
+    )

@@ -2,7 +2,8 @@
 validation and group restrictions; and which of a user's groups have a shared folder.
 
 User options are the same for every backend: `{"profile": "debug"}` or
-`{"profile": "a800", "gpus": "2"}`. They are validated on the server, whatever the form
+`{"profile": "a800", "gpus": "2"}`, with an `environment` where the user picks one
+(`{"profile": "debug", "environment": "minimal"}`). They are validated on the server, whatever the form
 showed: HTTP 400 for a malformed choice, 403 for one the user's groups may not use.
 """
 
@@ -19,6 +20,7 @@ from traitlets.config import LoggingConfigurable
 from meterhub.i18n import _
 
 from .catalog import CAP_OPTIONS, Catalog, Choice, InvalidChoice
+from .environments import Environment, EnvironmentNotReady, environment_prefix
 
 #: group names that may name a shared folder (a directory, a Kubernetes claim)
 SHARED_FOLDER_NAME = re.compile(r"[a-z0-9][a-z0-9._-]{0,63}\Z")
@@ -101,6 +103,9 @@ class CatalogOptions(LoggingConfigurable):
         gpus = (formdata.get(f"gpus_{profile}") or [""])[0]
         if gpus:
             options["gpus"] = gpus
+        environment = (formdata.get("environment") or [""])[0]
+        if environment:
+            options["environment"] = environment
         wallet = (formdata.get("wallet") or [""])[0]
         if wallet and "wallet" in self.catalog.extra_options:
             options["wallet"] = wallet
@@ -126,7 +131,42 @@ class CatalogOptions(LoggingConfigurable):
             raise web.HTTPError(403, refusal, reason="Profile not allowed")
         return choice
 
+    def check_ready(self, choice: Choice) -> None:
+        """Refuse (an HTTP error) a valid choice this backend cannot start now, e.g. an
+        environment that is not built; the local and Slurm backends check theirs."""
+
+    def environment_refusal(self, environment: Environment) -> str:
+        """Why this backend cannot start `environment` now (the spawn page says it), or ""."""
+        return ""
+
+
+class FolderEnvironments(CatalogOptions):
+    """For backends that run environments from folders (local, Slurm): the spawner has
+    `envs_dir` and `server_env_prefix`."""
+
+    def check_ready(self, choice: Choice) -> None:
+        ready_environment_prefix(self, choice)
+
+    def environment_refusal(self, environment: Environment) -> str:
+        try:
+            environment_prefix(environment, self.envs_dir, self.server_env_prefix)
+        except EnvironmentNotReady as e:
+            return str(e)
+        return ""
+
+
+def ready_environment_prefix(spawner, choice: Choice) -> str:
+    """The Python environment `choice` runs from on a backend that runs environments from
+    folders (local, Slurm: `envs_dir`, `server_env_prefix`), or a 409 that says how to
+    build it."""
+    environment = spawner.catalog.environment_of(choice)
+    try:
+        return environment_prefix(environment, spawner.envs_dir, spawner.server_env_prefix)
+    except EnvironmentNotReady as e:
+        raise web.HTTPError(409, "%s", e, reason="Environment not built") from None
+
 
 def _apply_catalog_options(spawner: CatalogOptions, user_options: dict) -> None:
     """Check user options before billing or any allocation (start() checks again)."""
     spawner.choice = spawner.parse_options()
+    spawner.check_ready(spawner.choice)

@@ -78,9 +78,17 @@ def bwrap_command(spec: SandboxSpec, command: list[str], bwrap: str = "bwrap") -
                 args += ["--perms", "0755", "--dir", "/" + "/".join(parts[:i])]
             args += ["--ro-bind", path, path]
             bound.append(path)
-    for path in spec.hidden:
-        if any(_inside(path, b) for b in bound):
-            args += ["--tmpfs", path]
+    covered = [path for path in spec.hidden if any(_inside(path, b) for b in bound)]
+    for path in covered:
+        args += ["--tmpfs", path]
+    # an environment built inside a hidden folder (`<data_dir>/envs/...` when the data
+    # directory lies below a bound one, /opt say) is bound again over the tmpfs
+    for path in spec.ro_paths:
+        if any(_inside(path, h) for h in covered):
+            parts = path.strip("/").split("/")[:-1]
+            for i in range(1, len(parts) + 1):
+                args += ["--perms", "0755", "--dir", "/" + "/".join(parts[:i])]
+            args += ["--ro-bind", path, path]
     args += ["--bind", spec.disk, spec.disk_mount]
     for host_path, inside in spec.rw_binds:
         args += ["--bind", host_path, inside]

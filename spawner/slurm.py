@@ -43,7 +43,7 @@ from .local import (
     server_user_env,
     starter_notebooks,
 )
-from .options import CatalogOptions
+from .options import FolderEnvironments, ready_environment_prefix
 from .sandbox import SandboxSpec, bwrap_command
 
 #: what a site may write in `slurm.user_map`
@@ -283,7 +283,7 @@ def queue_position(job_id: str, lines: str) -> int | None:
     return order.index(job_id) + 1 if job_id in order else None
 
 
-class SlurmGPUSpawner(CatalogOptions, SlurmSpawner):
+class SlurmGPUSpawner(FolderEnvironments, SlurmSpawner):
     """Servers as Slurm batch jobs, sized and placed from the catalog."""
 
     home_root = Unicode(
@@ -361,6 +361,21 @@ class SlurmGPUSpawner(CatalogOptions, SlurmSpawner):
     def _default_server_env_prefix(self):
         return sys.prefix
 
+    envs_dir = Unicode(
+        help="Where `meterhub env build` puts the environments (site config `environments`),"
+        " on the shared filesystem the nodes run them from: `<envs_dir>/<slug>`."
+    ).tag(config=True)
+
+    @default("envs_dir")
+    def _default_envs_dir(self):
+        return os.path.join(os.path.dirname(os.path.abspath(self.home_root)), "envs")
+
+    def env_prefix_for(self, choice: Choice | None) -> str:
+        """The environment a job of `choice` runs from (a 409 when it is not built)."""
+        if choice is None:
+            return self.server_env_prefix
+        return ready_environment_prefix(self, choice)
+
     max_time_minutes = Int(
         0,
         help="The longest time limit a job gets, in minutes (0: only the credit limits it).",
@@ -419,8 +434,8 @@ class SlurmGPUSpawner(CatalogOptions, SlurmSpawner):
             return self.debug_partition
         return self.partitions.get(choice.profile.slug, choice.profile.slug)
 
-    def singleuser_command(self) -> list[str]:
-        bin_dir = os.path.join(self.server_env_prefix, "bin")
+    def singleuser_command(self, env_prefix: str) -> list[str]:
+        bin_dir = os.path.join(env_prefix, "bin")
         return [
             os.path.join(bin_dir, "batchspawner-singleuser"),
             os.path.join(bin_dir, "jupyterhub-singleuser"),
@@ -428,6 +443,7 @@ class SlurmGPUSpawner(CatalogOptions, SlurmSpawner):
         ]
 
     def job_spec(self, choice: Choice, env: dict[str, str]) -> JobSpec:
+        env_prefix = self.env_prefix_for(choice)
         return JobSpec(
             user=self.user.name,
             choice=choice,
@@ -436,24 +452,21 @@ class SlurmGPUSpawner(CatalogOptions, SlurmSpawner):
             disk_mount=self.disk_mount_path,
             pool=self.pool_dir,
             pool_mount=self.pool_mount_path,
-            env_prefix=self.server_env_prefix,
+            env_prefix=env_prefix,
             export=tuple(sorted(env)),
-            command=tuple(self.singleuser_command()),
+            command=tuple(self.singleuser_command(env_prefix)),
             time_minutes=time_limit_minutes(self.credit_seconds, self.max_time_minutes or None),
             account=self.account,
             qos=self.qos,
             sandbox=self.sandbox,
             hidden=(os.path.abspath(self.home_root),),
-            ro_paths=tuple(
-                environment_paths(self.server_env_prefix)
-                + server_code_paths(self.server_env_prefix)
-            ),
+            ro_paths=tuple(environment_paths(env_prefix) + server_code_paths(env_prefix)),
             starter=starter_notebooks(),
         )
 
     def user_env(self, env):
         return server_user_env(
-            env, self.cluster_account, self.disk_mount_path, self.server_env_prefix
+            env, self.cluster_account, self.disk_mount_path, self.env_prefix_for(self.choice)
         )
 
     def get_env(self):
@@ -463,6 +476,7 @@ class SlurmGPUSpawner(CatalogOptions, SlurmSpawner):
             env.update(
                 {
                     "METERHUB_PROFILE": choice.profile.slug,
+                    "METERHUB_ENVIRONMENT": (self.catalog.environment_of(choice)).slug,
                     "METERHUB_GPUS": str(choice.gpus),
                     "METERHUB_STOP_GRACE_SECONDS": str(self.stop_grace_seconds),
                 }
