@@ -120,6 +120,8 @@ class Running(NamedTuple):
     metered_through: int
     max_cost_micros: int | None
     max_seconds: int | None
+    #: what it runs (a debug-mode restart keeps it where it can)
+    environment: str | None = None
 
 
 class MeterBatch(LedgerPart):
@@ -158,6 +160,7 @@ class MeterBatch(LedgerPart):
                 S.c.metered_through,
                 S.c.max_cost_micros,
                 S.c.max_seconds,
+                S.c.environment,
             )
             width = len(columns)
             in_range_rows: Sequence[Any]
@@ -206,7 +209,7 @@ class MeterBatch(LedgerPart):
                 wallet = wallets[wid]
                 intervals = [(p.starts_at, p.ends_at) for p in covering or ()]
                 running = Running(sid, wid, user, server, profile, gpus, rate, ready, end,
-                                  *session[9:11])  # fmt: skip
+                                  *session[9:12])  # fmt: skip
                 capped = running.max_cost_micros is not None or running.max_seconds is not None
                 if capped:
                     end = capped_through[sid] = capped_end(running, start, end, intervals)

@@ -27,7 +27,7 @@ pytestmark = pytest.mark.skipif(
 )
 
 #: words that stay as they are in a Chinese page: product and unit names, the currency,
-#: the language switch's own "English", and the test's user
+#: the language switch's own "English", commands, and the test's user
 KEPT_IN_ENGLISH = (
     "JupyterLab",
     "JupyterHub",
@@ -39,6 +39,8 @@ KEPT_IN_ENGLISH = (
     "CNY",
     "CSV",
     "debug",
+    # a command to copy, not a sentence (`meterhub env build minimal`)
+    "env build",
     USER,
 )
 #: two Latin words in a row, once the kept ones are taken out: a phrase left in English
