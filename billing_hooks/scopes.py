@@ -18,6 +18,10 @@ Billing reads the scopes JupyterHub reports for the token a request carries:
   course's console, its roster's state and usage, stopping what the course pays for; their
   roles give JupyterHub's read scopes filtered to the course's group (its students), never
   delete:servers (a student's own-money server is not the course's to stop).
+- `custom:meterhub:ssh!user=NAME`: open NAME's running servers through the SSH front door
+  (hub/ssh.py), together with `access:servers` for them. The `user` role has it for the
+  user's own servers; a server's own token does not, so code in a kernel cannot hand its
+  server to an SSH client, and neither can a browser's cookie.
 - JupyterHub's `read:metrics`: scrape the billing service's Prometheus metrics, as it
   scrapes the hub's own `/hub/metrics` (a Prometheus service's role; hub admins have it).
   A token with it needs no `access:services` to reach them.
@@ -42,6 +46,7 @@ LEDGER_ROLE_PREFIXES = (GROUP_ADMIN_ROLE_PREFIX, COURSE_ROLE_PREFIX)
 BILLING_ACCESS = f"access:services!service={BILLING_SERVICE}"
 BILLING_ADMIN_ROLE = "meterhub-billing-admin"
 METRICS_SCOPE = "read:metrics"
+SSH_SCOPE = "custom:meterhub:ssh"
 #: the JupyterHub service whose token Prometheus sends (the chart's hub.services entry)
 METRICS_SERVICE = "meterhub-metrics"
 
@@ -61,6 +66,10 @@ CUSTOM_SCOPES = {
         "description": "A course's console in meterhub: its students' state and usage, stop"
         " their servers (filtered by !group=)."
     },
+    SSH_SCOPE: {
+        "description": "Open servers through meterhub's SSH front door: a shell, commands,"
+        " SFTP and port forwarding (filtered by !user=, with access:servers to them)."
+    },
     COURSE_INSTRUCTOR_SCOPE: {
         "description": "A course's money and settings in meterhub: allowances, profiles, lab"
         " windows (filtered by !group=)."
@@ -70,7 +79,7 @@ CUSTOM_SCOPES = {
 
 def user_role() -> dict:
     """JupyterHub's `user` role, plus reaching billing and spending one's own credit."""
-    return {"name": "user", "scopes": ["self", BILLING_ACCESS, SPEND_SCOPE]}
+    return {"name": "user", "scopes": ["self", BILLING_ACCESS, SPEND_SCOPE, f"{SSH_SCOPE}!user"]}
 
 
 def billing_admin_role(users: Sequence[str] = (), services: Sequence[str] = ()) -> dict:

@@ -598,9 +598,12 @@ def _load_jupyter_server_extension(serverapp):
     # read per request by JupyterLab's settings (jupyterlab_server), so set before any
     os.environ["JUPYTER_CONFIG_PATH"] = lab_config_path(os.environ)
     base = serverapp.web_app.settings["base_url"]
+    from .ssh import handlers as ssh_handlers
+
     serverapp.web_app.add_handlers(
         ".*$",
         [
+            *ssh_handlers(base),
             (url_path_join(base, "api/meterhub/status"), StatusHandler),
             (url_path_join(base, "api/meterhub/notifications/read"), ReadHandler),
             (url_path_join(base, "api/meterhub/activity"), ActivityHandler),

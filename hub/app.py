@@ -12,6 +12,7 @@ import json
 import os
 import secrets
 import shutil
+import socket
 import sys
 
 from jupyterhub import orm
@@ -413,6 +414,73 @@ def billing_service(site: dict, config_path: str | None) -> tuple[list[dict], li
     return [service], [role, user_role(), billing_admin_role()]
 
 
+#: the SSH front door's service (hub/ssh.py) and its role
+SSH_SERVICE = "ssh"
+
+
+def local_address(ip: str) -> str:
+    """Where this machine reaches the hub's public address: the address itself, or loopback
+    when the hub listens on all of them."""
+    return "127.0.0.1" if ip in ("", "0.0.0.0") else "::1" if ip == "::" else ip
+
+
+def public_base(site: dict, ip: str, port: int) -> str:
+    """The hub's address as people open it (messages point there)."""
+    scheme = "https" if site.get("https") else "http"
+    host = socket.getfqdn() if ip in ("", "0.0.0.0", "::") else ip
+    return f"{scheme}://{host}:{port}"
+
+
+def ssh_service(site: dict, config_path: str | None, ip: str, port: int) -> tuple[list, list]:
+    """The SSH front door as a managed service, with a role that reads users' servers and
+    groups (never their tokens, never starts anything); none when `ssh.enabled` is false."""
+    if not site["ssh"]["enabled"]:
+        return [], []
+    from .ssh import BILLING_URL_ENV, IP_ENV, PUBLIC_URL_ENV, SERVER_URL_ENV
+
+    command = [sys.executable, "-m", "meterhub.hub.cli", "ssh", "serve"]
+    if config_path:
+        command += ["--config", os.path.abspath(config_path)]
+    scheme = "https" if site.get("https") else "http"
+    host = local_address(ip)
+    server_url = f"{scheme}://{f'[{host}]' if ':' in host else host}:{port}"
+    service = {
+        "name": SSH_SERVICE,
+        "command": command,
+        "cwd": os.getcwd(),
+        "environment": {
+            "PYTHONUNBUFFERED": "1",
+            SERVER_URL_ENV: server_url,
+            PUBLIC_URL_ENV: public_base(site, ip, port),
+            IP_ENV: ip,
+            BILLING_URL_ENV: (
+                f"http://{billing_host(site)}:{site['hub']['billing_port']}/services/billing/api/v1"
+            ),
+        },
+        "display": False,
+    }
+    role = {
+        "name": "meterhub-ssh",
+        "description": "The SSH front door: read users' groups and servers; it opens a server"
+        " only with its user's own token.",
+        "scopes": ["read:users:name", "read:users:groups", "read:servers"],
+        "services": [SSH_SERVICE],
+    }
+    return [service], [role]
+
+
+def ssh_line(site: dict, ip: str, port: int) -> str:
+    """How people reach their running servers over SSH, for the console."""
+    host = public_base(site, ip, port).split("://", 1)[1].rsplit(":", 1)[0]
+    return "meterhub: " + _(
+        "SSH into a running server: ssh -p %(port)s USER@%(host)s, with a token from"
+        " %(url)s/hub/token as the password",
+        port=site["ssh"]["port"],
+        host=host,
+        url=public_base(site, ip, port),
+    )
+
+
 def runtime_config(
     site: dict, c: Config, ip: str, port: int, environ, config_path: str | None = None
 ) -> dict:
@@ -432,6 +500,9 @@ def runtime_config(
         except AccountError:
             pass  # made earlier; its password may have been changed since
     services, roles = billing_service(site, config_path)
+    ssh_services, ssh_roles = ssh_service(site, config_path, ip, port)
+    services += ssh_services
+    roles += ssh_roles
     token = environ.get("METERHUB_ADMIN_TOKEN")
     if token:
         services.append({"name": ADMIN_SERVICE, "api_token": token})
@@ -596,6 +667,8 @@ def serve(site: dict, ip: str, port: int, config_path: str | None = None) -> Non
     # the same line, without the password, beside the password for whoever lost the console
     write_data_dir_readme(site["data_dir"], sign_in_line(url, facts["admin"], password_file))
     message = sign_in_line(url, facts["admin"], password_file, facts["password"])
+    if site["ssh"]["enabled"]:
+        message = f"{ssh_line(site, ip, port)}\n{message}"
     if facts["warning"]:
         # at once (the hub may never come up), and again above the sign-in line
         warning = _("WARNING: %(warning)s", warning=facts["warning"])

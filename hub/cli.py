@@ -28,6 +28,15 @@ def _serve(args) -> int:
     return 0
 
 
+def _ssh_serve(args) -> int:
+    from .config import load_site_config
+
+    site = load_site_config(args.config)
+    from .ssh import main as serve_ssh
+
+    return serve_ssh(site)
+
+
 def _systemd_unit(args) -> int:
     from .config import check_https_files, load_site_config
 
@@ -157,6 +166,16 @@ def build_parser() -> argparse.ArgumentParser:
     add.add_argument("--password-stdin", action="store_true", help="read the password from stdin")
     add.add_argument("--config", help="site config (YAML); default: the embedded default")
     add.set_defaults(func=_user_add)
+    ssh = commands.add_parser(
+        "ssh", help="the SSH front door into users' running servers"
+    ).add_subparsers(dest="action", required=True)
+    ssh_serve = ssh.add_parser(
+        "serve",
+        help="run the SSH front door (the hub starts it: site config `ssh`)",
+        description="Needs JUPYTERHUB_API_URL and JUPYTERHUB_API_TOKEN, as a service of the hub.",
+    )
+    ssh_serve.add_argument("--config", help="site config (YAML); default: the embedded default")
+    ssh_serve.set_defaults(func=_ssh_serve)
     unit = commands.add_parser(
         "systemd-unit",
         help="print a systemd unit that runs `meterhub serve` (restarts on failure)",

@@ -61,6 +61,8 @@ class HubProcess:
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.site = dict(site)
         self.site.setdefault("data_dir", str(self.workdir / "data"))
+        # the SSH front door listens on a port of its own: only where a test asks for one
+        self.site.setdefault("ssh", {"enabled": False})
         self.data_dir = self.site["data_dir"]
         self.port = free_port()
         ports = ("api_port", "proxy_api_port", "billing_port")

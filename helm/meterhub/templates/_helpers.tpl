@@ -35,6 +35,22 @@
 {{- include "meterhub.jupyterhub.fullname.dash" . }}hub
 {{- end }}
 
+{{/* The hub API as meterhub's pods reach it, under jupyterhub.hub.baseUrl (where the hub
+    serves it) */}}
+{{- define "meterhub.jupyterhub.hub.apiUrl" -}}
+{{- printf "http://%s:8081%shub/api" (include "meterhub.jupyterhub.hub.fullname" .) (include "meterhub.baseUrl" .) -}}
+{{- end }}
+
+{{/* z2jh's Services in front of the proxy (configurable-http-proxy): proxy-public, and
+    proxy-http, which z2jh adds when its autohttps pod (Let's Encrypt) holds proxy-public */}}
+{{- define "meterhub.jupyterhub.proxy-public.fullname" -}}
+{{- include "meterhub.jupyterhub.fullname.dash" . }}proxy-public
+{{- end }}
+
+{{- define "meterhub.jupyterhub.proxy-http.fullname" -}}
+{{- include "meterhub.jupyterhub.fullname.dash" . }}proxy-http
+{{- end }}
+
 {{/* The Secret holding hub.services.billing.apiToken (z2jh: hub.existingSecret or its own) */}}
 {{- define "meterhub.jupyterhub.hub-secret" -}}
 {{- $hub := dig "hub" dict (.Values.jupyterhub | default dict) -}}
@@ -48,6 +64,10 @@
 
 {{- define "meterhub.billing.fullname" -}}
 {{- include "meterhub.fullname" . }}-billing
+{{- end }}
+
+{{- define "meterhub.ssh.fullname" -}}
+{{- include "meterhub.fullname" . }}-ssh
 {{- end }}
 
 {{- define "meterhub.site.fullname" -}}
@@ -79,6 +99,61 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 app.kubernetes.io/name: meterhub
 app.kubernetes.io/instance: {{ .Release.Name }}
 app.kubernetes.io/component: meterhub-billing
+{{- end }}
+
+{{/* Selector labels of the SSH front door's pods. */}}
+{{- define "meterhub.ssh.selector" -}}
+app.kubernetes.io/name: meterhub
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: meterhub-ssh
+{{- end }}
+
+{{/* The Secret holding the SSH front door's host key: the operator's, or the one the chart
+    generates once (ssh-secret.yaml) */}}
+{{- define "meterhub.ssh.hostKeySecret" -}}
+{{- .Values.ssh.hostKey.existingSecret | default (printf "%s-host-key" (include "meterhub.ssh.fullname" .)) -}}
+{{- end }}
+
+{{/* The port the SSH front door listens on in its pod: the site config's ssh.port (its
+    default is hub/site-schema.yaml's; a test keeps them equal) */}}
+{{- define "meterhub.ssh.port" -}}
+{{- dig "ssh" "port" 8022 (.Values.site | default dict) | int -}}
+{{- end }}
+
+{{/*
+    Where the SSH front door reaches users' servers: the proxy, by plain HTTP (the server
+    URLs the hub API gives carry jupyterhub.hub.baseUrl, so this is scheme://host[:port]).
+    z2jh's proxy-public forwards port 80 to the proxy unless z2jh's autohttps pod holds it
+    (Let's Encrypt: then proxy-http, port 8000) or the proxy itself terminates TLS (https
+    type manual or secret: its port 8000 only redirects, so ssh.serverUrl must be set).
+*/}}
+{{- define "meterhub.ssh.serverUrl" -}}
+{{- $https := dig "proxy" "https" dict (.Values.jupyterhub | default dict) -}}
+{{- $service := dig "proxy" "service" dict (.Values.jupyterhub | default dict) -}}
+{{- $type := get $https "type" | default "letsencrypt" -}}
+{{- $enabled := get $https "enabled" | default false -}}
+{{- if .Values.ssh.serverUrl -}}
+{{- .Values.ssh.serverUrl | trimSuffix "/" -}}
+{{- else if and $enabled (eq $type "letsencrypt") (get $https "hosts") -}}
+{{- printf "http://%s:8000" (include "meterhub.jupyterhub.proxy-http.fullname" .) -}}
+{{- else if and $enabled (has $type (list "manual" "secret")) -}}
+{{- fail (printf "ssh.serverUrl: jupyterhub.proxy.https.type %s makes the proxy answer plain HTTP with a redirect only; set ssh.serverUrl to an http:// address of the proxy that does not redirect" $type) -}}
+{{- else if get $service "disableHttpPort" -}}
+{{- if and $enabled (eq $type "offload") -}}
+{{- /* offload: proxy-public's port 443 forwards to the proxy's plain HTTP port */ -}}
+{{- printf "http://%s:443" (include "meterhub.jupyterhub.proxy-public.fullname" .) -}}
+{{- else -}}
+{{- fail "ssh.serverUrl: jupyterhub.proxy.service.disableHttpPort leaves proxy-public no plain HTTP port; set ssh.serverUrl" -}}
+{{- end -}}
+{{- else -}}
+{{- printf "http://%s" (include "meterhub.jupyterhub.proxy-public.fullname" .) -}}
+{{- end -}}
+{{- end }}
+
+{{/* The billing API as a pod of the release reaches it (the SSH front door: prices and the
+    user's balance when no server runs) */}}
+{{- define "meterhub.billing.apiUrl" -}}
+{{- printf "%s%sapi/v1" (include "meterhub.billing.url" .) (include "meterhub.billing.prefix" .) -}}
 {{- end }}
 
 {{/* The Secret and key holding the ledger's database URL. */}}
@@ -176,6 +251,13 @@ local: "servers are pods: set site.kubernetes (image, disk_size, storage_class, 
 data_dir: "the ledger is billing.database and the hub's own database is jupyterhub.hub.db"
 {{- end }}
 
+{{/* Site-config `ssh` keys the chart decides on Kubernetes (site.ssh.port stays: the pod's port). */}}
+{{- define "meterhub.site.sshChartOwned" -}}
+enabled: "set ssh.enabled (the chart's value)"
+ip: "its pod listens on all its addresses; ssh.service decides who reaches it"
+host_key: "put the key in a Secret and name it in ssh.hostKey.existingSecret"
+{{- end }}
+
 {{/* The site config the hub and the billing service read: the user's, on the kubernetes backend. */}}
 {{- define "meterhub.site" -}}
 {{- range $key, $instead := include "meterhub.site.localOnly" . | fromYaml }}
@@ -186,6 +268,12 @@ data_dir: "the ledger is billing.database and the hub's own database is jupyterh
 {{- /* the site config is a ConfigMap: whoever reads the top-up secret credits any wallet */ -}}
 {{- if hasKey (.Values.site.billing | default dict) "topup_secret" }}
 {{- fail "site.billing.topup_secret: the site config is a ConfigMap, which is no place for a secret; put it in a Secret and name it in billing.topup.existingSecret (its key in billing.topup.secretKey)" }}
+{{- end }}
+{{- /* the SSH front door is the chart's Deployment, not a service of the hub */ -}}
+{{- range $key, $instead := include "meterhub.site.sshChartOwned" . | fromYaml }}
+{{- if hasKey (dig "ssh" dict $.Values.site) $key }}
+{{- fail (printf "site.ssh.%s: on Kubernetes the chart runs the SSH front door; %s" $key $instead) }}
+{{- end }}
 {{- end }}
 {{- /* keys naming a GPU type: the schema cannot list the types (a site adds its own) */ -}}
 {{- $types := concat (list "rtx4090" "a800" "h800") (keys (.Values.site.gpu_types | default dict)) | uniq | sortAlpha -}}
@@ -333,5 +421,18 @@ key: {{ $.Values.billing.metrics.token.secretKey | default "token" | quote }}
 {{- else -}}
 name: {{ include "meterhub.jupyterhub.hub-secret" . | quote }}
 key: hub.services.meterhub-metrics.apiToken
+{{- end }}
+{{- end }}
+
+{{/* What the SSH front door needs of z2jh's values: its JupyterHub service, whose token z2jh
+    generates (hub.services.ssh), and the role that lets that token read users' servers. */}}
+{{- define "meterhub.ssh.checks" -}}
+{{- $hub := dig "hub" dict (.Values.jupyterhub | default dict) -}}
+{{- if not (hasKey (get $hub "services" | default dict) "ssh") }}
+{{- fail "jupyterhub.hub.services.ssh: the SSH front door's JupyterHub service is missing (its token is z2jh's hub.services.ssh.apiToken); keep the chart's entry {display: false}" }}
+{{- end }}
+{{- $role := get (get $hub "loadRoles" | default dict) "meterhub-ssh" | default dict -}}
+{{- if not (has "ssh" (get $role "services" | default list)) }}
+{{- fail "jupyterhub.hub.loadRoles.meterhub-ssh: the SSH front door's role must list the service ssh (services: [ssh]), or the gateway cannot read whose servers run" }}
 {{- end }}
 {{- end }}

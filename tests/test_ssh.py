@@ -1,0 +1,299 @@
+"""The SSH front door on a real hub: asyncssh and OpenSSH's own ssh and rsync against the
+gateway (hub/ssh.py), into a real sandboxed server (extensions/ssh.py) — commands, a
+terminal, SFTP and rsync onto the user's disk, port forwarding — and every token that must
+be refused: a wrong one, another user's, the kernel's own, one without the SSH scope."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import os
+import socket
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import asyncssh
+import pytest
+import requests
+from tornado.httpclient import HTTPClientError, HTTPRequest
+from tornado.websocket import websocket_connect
+
+from meterhub.hub.ssh import FailedLogins, may_ssh
+
+from .hubprocess import ADMIN_TOKEN, free_port, until
+from .jupyter import execute
+
+
+def _listening(port: int) -> bool:
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+@pytest.fixture(scope="module")
+def ssh_hub(hub_factory):
+    port = free_port()
+    hub = hub_factory({"ssh": {"enabled": True, "port": port}}, name="ssh")
+    hub.ssh_port = port
+    until(lambda: _listening(port), "the SSH front door to listen")
+    return hub
+
+
+def token_for(hub, user: str, scopes: list[str] | None = None) -> str:
+    hub.ensure_user(user)
+    body = {"note": "ssh test", **({"scopes": scopes} if scopes is not None else {})}
+    r = hub.api("POST", f"/users/{user}/tokens", json=body)
+    assert r.status_code == 201, r.text
+    return r.json()["token"]
+
+
+async def connect(hub, user: str, token: str) -> asyncssh.SSHClientConnection:
+    return await asyncssh.connect(
+        "127.0.0.1",
+        hub.ssh_port,
+        username=user,
+        password=token,
+        known_hosts=None,
+        client_keys=None,
+        agent_path=None,
+        preferred_auth="password",
+    )
+
+
+def disk(hub, user: str) -> Path:
+    return Path(hub.data_dir) / "disks" / user
+
+
+# ------------------------------------------------------------------ who may
+
+
+def test_the_scopes_that_open_a_server_over_ssh():
+    mine = {"access:servers!user=amy", "custom:meterhub:ssh!user=amy"}
+    assert may_ssh(frozenset(mine), "amy", set())
+    assert not may_ssh(frozenset(mine), "ben", set())  # amy's token, ben's server
+    # the kernel's own token reaches the server but has no SSH scope
+    assert not may_ssh(
+        frozenset({"access:servers!server=amy/", "users:activity!user=amy"}), "amy", set()
+    )
+    assert not may_ssh(frozenset({"custom:meterhub:ssh!user=amy"}), "amy", set())  # no access
+    assert may_ssh(frozenset({"access:servers", "custom:meterhub:ssh"}), "ben", set())
+    group = {"access:servers!group=lab", "custom:meterhub:ssh!group=lab"}
+    assert may_ssh(frozenset(group), "ben", {"lab"}) and not may_ssh(
+        frozenset(group), "ben", {"Lab"}
+    )
+
+
+def test_failed_logins_from_one_address_are_refused_for_a_while():
+    failed = FailedLogins(limit=3, window=60)
+    for second in range(3):
+        assert not failed.blocked("10.0.0.1", now=second)
+        failed.fail("10.0.0.1", now=second)
+    assert failed.blocked("10.0.0.1", now=10) and not failed.blocked("10.0.0.2", now=10)
+    assert not failed.blocked("10.0.0.1", now=70)  # the window has passed
+
+
+# ------------------------------------------------------------------ a real hub
+
+
+async def test_no_running_server_is_told_how_to_start_one_and_what_it_costs(ssh_hub):
+    token = token_for(ssh_hub, "nora")
+    async with await connect(ssh_hub, "nora", token) as conn:
+        result = await conn.run("true")
+    assert result.exit_status == 1
+    assert "nora has no running server" in result.stderr
+    assert f"{ssh_hub.url}/hub/spawn" in result.stderr
+    assert "Debug mode costs ¥0.10 per hour" in result.stderr
+    assert "your balance is ¥10.00" in result.stderr
+    assert ssh_hub.server("nora") is None, "SSH never starts a server"
+
+
+async def test_commands_run_inside_the_users_sandbox_on_their_disk(ssh_hub):
+    token = token_for(ssh_hub, "amy")
+    ssh_hub.spawn("amy", {"profile": "debug"})
+    (disk(ssh_hub, "amy") / "notes.txt").write_text("on the disk\n")
+    async with await connect(ssh_hub, "amy", token) as conn:
+        probe = await conn.run(
+            "id -u; pwd; echo $METERHUB_PROFILE; ls /home; cat notes.txt;"
+            f" test -e {ssh_hub.data_dir} && echo visible || echo hidden"
+        )
+        assert probe.exit_status == 0, probe.stderr
+        uid, cwd, profile, homes, notes, data_dir = probe.stdout.splitlines()
+        assert (cwd, profile, homes, notes) == ("/home/jovyan", "debug", "jovyan", "on the disk")
+        assert data_dir == "hidden", "the hub's data directory must not be visible"
+        if os.geteuid() == 0:
+            assert int(uid) > 200000  # the user's own uid, never root
+        assert int(uid) != 0
+        assert (await conn.run("exit 3")).exit_status == 3
+        echoed = await conn.run("cat; echo err >&2", input="hello\n")
+        assert (echoed.stdout, echoed.stderr) == ("hello\n", "err\n")
+        # a terminal has the client's size, and a shell reads what is typed
+        sized = await conn.run("stty size", term_type="xterm", term_size=(100, 30))
+        assert sized.stdout.strip() == "30 100"
+        shell = await conn.create_process(term_type="xterm")
+        shell.stdin.write("echo $((6 * 7))\n")
+        await asyncio.wait_for(shell.stdout.readuntil("42"), 30)
+        shell.stdin.write("exit 5\n")
+        assert (await asyncio.wait_for(shell.wait(), 30)).exit_status == 5
+
+
+async def test_sftp_copies_into_the_users_disk(ssh_hub, tmp_path):
+    token = token_for(ssh_hub, "sam")
+    ssh_hub.spawn("sam", {"profile": "debug"})
+    payload = os.urandom(3 * 1024 * 1024)
+    local = tmp_path / "weights.bin"
+    local.write_bytes(payload)
+    async with await connect(ssh_hub, "sam", token) as conn:
+        async with conn.start_sftp_client() as sftp:
+            await sftp.mkdir("data")
+            await sftp.put(str(local), "data/weights.bin")
+            assert "weights.bin" in await sftp.listdir("data")
+            back = tmp_path / "back.bin"
+            await sftp.get("data/weights.bin", str(back))
+    copied = disk(ssh_hub, "sam") / "data" / "weights.bin"
+    assert hashlib.sha256(copied.read_bytes()).digest() == hashlib.sha256(payload).digest()
+    assert back.read_bytes() == payload
+    if os.geteuid() == 0:
+        assert copied.stat().st_uid > 200000, "written as the user, not as root"
+    assert not stat.S_IMODE(copied.stat().st_mode) & stat.S_IWOTH
+
+
+def test_openssh_and_rsync_work_with_a_token_as_the_password(ssh_hub, tmp_path):
+    """What people type: `ssh -p PORT amy@host` and `rsync -e 'ssh -p PORT'`, the token given
+    at the password prompt (here by SSH_ASKPASS)."""
+    token = token_for(ssh_hub, "rio")
+    ssh_hub.spawn("rio", {"profile": "debug"})
+    askpass = tmp_path / "askpass"
+    askpass.write_text(f"#!/bin/sh\necho {token}\n")
+    askpass.chmod(0o700)
+    env = {
+        **os.environ,
+        "SSH_ASKPASS": str(askpass),
+        "SSH_ASKPASS_REQUIRE": "force",
+        "DISPLAY": ":0",
+    }
+    ssh = (
+        f"ssh -p {ssh_hub.ssh_port} -o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null"
+        " -o PreferredAuthentications=password -o PubkeyAuthentication=no -o LogLevel=ERROR"
+    )
+    ran = subprocess.run(
+        [*ssh.split(), "rio@127.0.0.1", "echo $HOME; hostname"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        stdin=subprocess.DEVNULL,
+    )
+    assert ran.returncode == 0, ran.stderr
+    assert ran.stdout.split() == ["/home/jovyan", "meterhub"]
+    source = tmp_path / "dataset"
+    (source / "part").mkdir(parents=True)
+    for i in range(20):
+        (source / "part" / f"{i}.txt").write_text(f"row {i}\n" * 100)
+    synced = subprocess.run(
+        ["rsync", "-a", "-e", ssh, f"{source}/", "rio@127.0.0.1:dataset/"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        stdin=subprocess.DEVNULL,
+    )
+    assert synced.returncode == 0, synced.stderr
+    landed = disk(ssh_hub, "rio") / "dataset" / "part"
+    assert sorted(p.name for p in landed.iterdir()) == sorted(f"{i}.txt" for i in range(20))
+    assert (landed / "7.txt").read_text() == "row 7\n" * 100
+
+
+async def test_port_forwarding_reaches_the_servers_own_ports_only(ssh_hub):
+    token = token_for(ssh_hub, "fay")
+    ssh_hub.spawn("fay", {"profile": "debug"})
+    port = free_port()
+    async with await connect(ssh_hub, "fay", token) as conn:
+        web = await conn.create_process(f"exec python3 -m http.server {port} --bind 127.0.0.1")
+        try:
+
+            async def get():
+                reader, writer = await conn.open_connection("localhost", port)
+                writer.write(b"GET / HTTP/1.0\r\n\r\n")
+                writer.write_eof()
+                return await reader.read()
+
+            answer = b""
+            for _ in range(100):  # the server inside takes a moment to listen
+                answer = await get()
+                if answer:
+                    break
+                await asyncio.sleep(0.2)
+            assert answer.startswith(b"HTTP/1.0 200"), answer[:200]
+            with pytest.raises(asyncssh.ChannelOpenError):
+                await conn.open_connection("10.1.2.3", 80)
+        finally:
+            web.terminate()
+
+
+async def test_tokens_that_must_not_open_a_server_are_refused(ssh_hub):
+    amy = token_for(ssh_hub, "kim")
+    ssh_hub.spawn("kim", {"profile": "debug"})
+    ben = token_for(ssh_hub, "lou")
+    kernel = (
+        await execute(
+            ssh_hub.url, "kim", ADMIN_TOKEN, "import os; print(os.environ['JUPYTERHUB_API_TOKEN'])"
+        )
+    ).strip()
+    narrow = token_for(ssh_hub, "kim", scopes=["access:servers!user=kim"])
+    for who, token in (
+        ("a wrong token", "0" * 32),
+        ("another user's token", ben),
+        ("the kernel's own token", kernel),
+        ("a token without the SSH scope", narrow),
+        ("the operator's admin token (no SSH scope)", ADMIN_TOKEN),
+        ("an empty password", ""),
+    ):
+        with pytest.raises(asyncssh.PermissionDenied):
+            await connect(ssh_hub, "kim", token)
+            pytest.fail(f"{who} opened kim's server")
+    # kim's own token still works
+    async with await connect(ssh_hub, "kim", amy) as conn:
+        assert (await conn.run("true")).exit_status == 0
+
+
+async def test_the_servers_endpoint_refuses_cookies_and_tokens_without_the_scope(ssh_hub):
+    """The gateway is not the only check: a page in a signed-in browser (cookies, no
+    Authorization header) and the kernel's token get 403 from the server itself."""
+    ssh_hub.add_user("zoe", "zoe-password-1234")
+    session = ssh_hub.sign_in("zoe", "zoe-password-1234")
+    token_for(ssh_hub, "zoe")
+    ssh_hub.spawn("zoe", {"profile": "debug"})
+    kernel = (
+        await execute(
+            ssh_hub.url, "zoe", ADMIN_TOKEN, "import os; print(os.environ['JUPYTERHUB_API_TOKEN'])"
+        )
+    ).strip()
+    # the browser's cookies for the server (set by visiting it)
+    session.get(f"{ssh_hub.url}/user/zoe/lab", timeout=60)
+    cookie = "; ".join(f"{c.name}={c.value}" for c in session.cookies)
+    url = ssh_hub.url.replace("http", "ws", 1) + "/user/zoe/meterhub/ssh"
+    for headers in (
+        {"Cookie": cookie},
+        {"Authorization": f"token {kernel}"},
+        {"Authorization": f"token {token_for(ssh_hub, 'zoe', scopes=['access:servers!user=zoe'])}"},
+    ):
+        with pytest.raises(HTTPClientError) as refused:
+            await websocket_connect(HTTPRequest(url, headers=headers, request_timeout=30))
+        assert refused.value.code == 403, headers
+    assert requests.get(f"{ssh_hub.url}/user/zoe/api/status", timeout=30).status_code in (302, 403)
+
+
+def test_the_gateway_is_a_service_of_the_hub_that_stops_with_it(ssh_hub):
+    """`meterhub serve` runs it (site config `ssh`), with a host key made once and kept."""
+    key = Path(ssh_hub.data_dir) / "ssh_host_ed25519_key"
+    assert key.exists() and stat.S_IMODE(key.stat().st_mode) == 0o600
+    scan = subprocess.run(
+        ["ssh-keyscan", "-p", str(ssh_hub.ssh_port), "-t", "ed25519", "127.0.0.1"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    public = Path(f"{key}.pub").read_text().split()[1]
+    assert public in scan.stdout
+    assert sys.executable  # the gateway's processes end with the hub: see test_serve_console
