@@ -55,9 +55,20 @@ def test_image_pins_agree_with_the_package():
     assert {"bitsandbytes", "jupyterlab-nvdashboard", "jupyter-resource-usage"} <= set(cuda)
 
 
-@pytest.mark.parametrize("image", ["singleuser-cuda", "hub"])
-def test_image_requirements_resolve_together(image, tmp_path):
-    """The CUDA image's requirements include the CPU image's: one resolution checks both."""
+@pytest.mark.parametrize(
+    "requirements",
+    [
+        # the CUDA image's include the CPU image's: one resolution checks both
+        "singleuser-cuda/requirements.txt",
+        "hub/requirements.txt",
+        # the environments `meterhub env build` makes and their images install
+        # (deepspeed.txt is pytorch.txt, which is the lab extra, plus DeepSpeed's source
+        # package; vllm.txt: metadata only, not its CUDA wheels)
+        "envs/minimal.txt",
+        "envs/vllm.txt",
+    ],
+)
+def test_image_requirements_resolve_together(requirements, tmp_path):
     report = tmp_path / "report.json"
     out = subprocess.run(
         [
@@ -71,18 +82,18 @@ def test_image_requirements_resolve_together(image, tmp_path):
             "--report",
             str(report),
             "-r",
-            str(IMAGES / image / "requirements.txt"),
+            str(IMAGES / requirements),
         ],
         capture_output=True,
         text=True,
-        timeout=600,
+        timeout=900,
     )
     assert out.returncode == 0, out.stderr[-2000:]
     resolved = {
         re.sub(r"[-_.]+", "-", item["metadata"]["name"].lower()): item["metadata"]["version"]
         for item in json.loads(report.read_text())["install"]
     }
-    for name, version in pins(IMAGES / image / "requirements.txt").items():
+    for name, version in pins(IMAGES / requirements).items():
         assert resolved[name].split("+")[0] == version, (name, resolved[name])
 
 
