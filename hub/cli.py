@@ -71,7 +71,15 @@ def _render_slurm(args) -> int:
     from .render_slurm import render
 
     try:
-        script = render(site, args.user, args.profile, args.gpus, args.credit, args.group or ())
+        script = render(
+            site,
+            args.user,
+            args.profile,
+            args.gpus,
+            args.credit,
+            args.group or (),
+            args.environment,
+        )
     except RenderError as e:
         raise CliError(str(e)) from None
     sys.stdout.write(script)
@@ -145,6 +153,10 @@ def build_parser() -> argparse.ArgumentParser:
     slurm.add_argument("--user", required=True, help="the user the server is for")
     slurm.add_argument("--profile", required=True, help="debug or a GPU type of the catalog")
     slurm.add_argument("--gpus", type=int, help="GPU count (GPU profiles): 1, 2, 4 or 8")
+    slurm.add_argument(
+        "--environment",
+        help="an environment of the site's list: the built one the job runs from",
+    )
     slurm.add_argument(
         "--credit",
         help="the paying wallet's credit (e.g. 12.50): the time limit it buys at the rate",

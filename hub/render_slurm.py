@@ -50,13 +50,19 @@ def render(
     gpus: int | None = None,
     credit: str | None = None,
     groups=(),
+    environment: str | None = None,
 ) -> str:
-    """The batch script for `user` starting `profile` (with `gpus`); with `credit` (an
-    amount in the site currency), the time limit that credit buys at the profile's rate."""
+    """The batch script for `user` starting `profile` (with `gpus`, in `environment`); with
+    `credit` (an amount in the site currency), the time limit that credit buys at the
+    profile's rate."""
     from meterhub.billing_hooks.money import seconds_covered, to_micros
 
     spawner = offline_spawner(site, user, groups)
-    spawner.user_options = {"profile": profile, **({"gpus": str(gpus)} if gpus is not None else {})}
+    spawner.user_options = {
+        "profile": profile,
+        **({"gpus": str(gpus)} if gpus is not None else {}),
+        **({"environment": environment} if environment is not None else {}),
+    }
     try:
         spawner.choice = spawner.parse_options()
     except web.HTTPError as e:
@@ -77,4 +83,7 @@ def render(
         )
     from meterhub.spawner.slurm import job_script
 
-    return job_script(spawner.job_spec(spawner.choice, spawner.get_env()))
+    try:
+        return job_script(spawner.job_spec(spawner.choice, spawner.get_env()))
+    except web.HTTPError as e:  # an environment that is not built
+        raise RenderError(refusal_text(e)) from None

@@ -74,15 +74,16 @@ class GatewaySettings:
 
 def may_ssh(scopes: set[str] | frozenset[str], user: str, groups: set[str]) -> bool:
     """Whether a token with `scopes` may open SSH channels into `user`'s default server:
-    access to that server, and the SSH scope for its user (an admin's unfiltered scopes
-    cover everyone, as they do in the hub)."""
+    access to that server (as JupyterHub grants it: unfiltered, for the user, the server or
+    a group of the user's) and the SSH scope, unfiltered or for that user (the server checks
+    the same again; it knows its user, not their groups)."""
     access = {
         "access:servers",
         f"access:servers!user={user}",
         f"access:servers!server={user}/",
         *(f"access:servers!group={g}" for g in groups),
     }
-    ssh = {SSH_SCOPE, f"{SSH_SCOPE}!user={user}", *(f"{SSH_SCOPE}!group={g}" for g in groups)}
+    ssh = {SSH_SCOPE, f"{SSH_SCOPE}!user={user}"}
     return bool(access & scopes) and bool(ssh & scopes)
 
 

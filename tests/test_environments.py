@@ -427,3 +427,21 @@ def test_builds_in_use_are_found_by_their_processes(tmp_path):
         holder.kill()
         holder.wait()
     assert used == {str(tmp_path / "a")}
+
+
+def test_a_slurm_job_runs_from_the_environments_build_on_the_shared_filesystem(tmp_path):
+    from meterhub.hub.render_k8s import RenderError
+    from meterhub.hub.render_slurm import render
+
+    site = load_site_config(None)
+    site["backend"] = "slurm"
+    site["slurm"] = {**site["slurm"], "home_root": str(tmp_path / "disks")}
+    site["slurm"]["envs_dir"] = str(tmp_path / "envs")
+    with pytest.raises(RenderError, match="meterhub env build minimal"):
+        render(site, "amy", "debug", environment="minimal")
+    build = _fake_build(tmp_path / "envs", "minimal", "minimal-1")
+    script = render(site, "amy", "debug", environment="minimal")
+    assert f"{build}/bin/jupyterhub-singleuser" in script
+    assert f"--ro-bind {build} {build}" in script
+    default = render(site, "amy", "debug")
+    assert f"{sys.prefix}/bin/jupyterhub-singleuser" in default and str(build) not in default
