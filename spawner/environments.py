@@ -199,7 +199,12 @@ BUILDS_DIR = ".builds"
 
 
 class EnvironmentNotReady(Exception):
-    """The environment cannot be started here; the message says what to do."""
+    """The environment cannot be started here; the message says what to do, `brief` says it
+    in a few words beside the spawn page's choice."""
+
+    def __init__(self, message: str, brief: str = ""):
+        super().__init__(message)
+        self.brief = brief or message
 
 
 def builtin_requirements_dir() -> str:
@@ -256,6 +261,7 @@ def environment_prefix(environment: Environment, envs_dir: str, server_env_prefi
                 "The %(environment)s environment is not built on this hub yet; an admin builds"
                 " it with: meterhub env build %(environment)s",
                 environment=environment.slug,
-            )
+            ),
+            _("not built yet: meterhub env build %(environment)s", environment=environment.slug),
         )
     return prefix

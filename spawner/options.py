@@ -151,7 +151,7 @@ class FolderEnvironments(CatalogOptions):
         try:
             environment_prefix(environment, self.envs_dir, self.server_env_prefix)
         except EnvironmentNotReady as e:
-            return str(e)
+            return e.brief
         return ""
 
 

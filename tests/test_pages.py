@@ -145,6 +145,42 @@ def test_spawn_page_shows_cards_prices_balance_and_reasons(site_hub, browser):
     page.context.close()
 
 
+def test_the_environment_choice_disables_gpu_only_ones_in_debug_mode(site_hub, browser):
+    # vllm "built" (its build's record and a server program: enough for the spawn page)
+    build = Path(site_hub.data_dir) / "envs" / ".builds" / "vllm-1"
+    (build / "bin").mkdir(parents=True, exist_ok=True)
+    (build / "bin" / "jupyterhub-singleuser").write_text("#!/bin/sh\n")
+    (build / "meterhub-env.json").write_text('{"slug": "vllm"}')
+    link = Path(site_hub.data_dir) / "envs" / "vllm"
+    if not link.is_symlink():
+        link.symlink_to(Path(".builds") / "vllm-1")
+    page = sign_in(browser, site_hub, "stu")
+    page.goto(f"{site_hub.url}/hub/spawn")
+    choice = page.locator("#meterhub-environments")
+    radio = {
+        slug: choice.locator(f"input[name=environment][value={slug}]")
+        for slug in ("pytorch", "deepspeed", "vllm", "minimal")
+    }
+    assert radio["pytorch"].is_checked()
+    # not built here: disabled whatever the profile, with the command that builds it
+    minimal = choice.locator("[data-environment=minimal]").inner_text()
+    assert radio["minimal"].is_disabled() and "meterhub env build minimal" in minimal
+    assert (
+        "(GPU profiles only, not debug mode)"
+        in choice.locator("[data-environment=vllm]").inner_text()
+    )
+    # debug mode is checked first: vLLM cannot run there
+    assert page.locator("#profile-debug input[name=profile]").is_checked()
+    assert radio["vllm"].is_disabled()
+    page.locator("#profile-rtx4090 input[name=profile]").check()
+    assert radio["vllm"].is_enabled()
+    radio["vllm"].check()
+    page.locator("#profile-debug input[name=profile]").check()
+    assert radio["vllm"].is_disabled() and radio["pytorch"].is_checked()
+    shot(page, "spawn-environments")
+    page.context.close()
+
+
 def test_debug_mode_lands_in_jupyterlab_and_the_wallet_shows_its_cost(site_hub, browser):
     page = sign_in(browser, site_hub, "stu")
     page.goto(f"{site_hub.url}/hub/spawn")
