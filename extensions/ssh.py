@@ -41,8 +41,8 @@ from tornado.websocket import WebSocketClosedError, WebSocketHandler
 SSH_SCOPE = "custom:meterhub:ssh"
 #: what one read from a command or a forwarded port passes on at most
 CHUNK_BYTES = 64 * 1024
-#: a command's output waits for the gateway beyond this many bytes in flight
-HIGH_WATER_BYTES = 1024 * 1024
+#: a terminal's output read ahead of the gateway, in reads, before reading pauses
+PTY_READ_AHEAD = 16
 #: how long a command gets after SIGHUP before SIGKILL, when its channel closes
 HANGUP_SECONDS = 3
 #: environment variables a client may set (OpenSSH's SendEnv LANG LC_*), and TERM
@@ -170,7 +170,7 @@ class SSHChannelHandler(WebSocketMixin, WebSocketHandler, JupyterHandler):
             task.cancel()
         if self.writer is not None:
             self.writer.close()
-        if self.pid:
+        if self.pid and self._running():
             asyncio.ensure_future(_hang_up(self.pid))
         if self.pty_fd is not None:
             with contextlib.suppress(OSError, ValueError):
@@ -178,6 +178,14 @@ class SSHChannelHandler(WebSocketMixin, WebSocketHandler, JupyterHandler):
             with contextlib.suppress(OSError):
                 os.close(self.pty_fd)
             self.pty_fd = None
+
+    def _running(self) -> bool:
+        """Whether what this channel started still runs (its group is not signalled after it
+        exited: its id may belong to another process by then)."""
+        if self.process is not None:
+            return self.process.returncode is None
+        pty = getattr(self, "pty", None)
+        return pty is not None and pty.isalive()
 
     # ------------------------------------------------------------------ starting
 
@@ -247,8 +255,10 @@ class SSHChannelHandler(WebSocketMixin, WebSocketHandler, JupyterHandler):
         os.set_blocking(proc.fd, False)
         loop = asyncio.get_running_loop()
         output: asyncio.Queue[bytes | None] = asyncio.Queue()
+        reading, ended = True, False
 
         def readable():
+            nonlocal reading, ended
             try:
                 data = os.read(proc.fd, CHUNK_BYTES)
             except BlockingIOError:
@@ -257,15 +267,23 @@ class SSHChannelHandler(WebSocketMixin, WebSocketHandler, JupyterHandler):
                 data = b""
             if not data:
                 loop.remove_reader(proc.fd)
+                reading, ended = False, True
                 output.put_nowait(None)
                 return
             output.put_nowait(data)
+            if output.qsize() >= PTY_READ_AHEAD:  # the gateway is behind: wait for it
+                loop.remove_reader(proc.fd)
+                reading = False
 
         loop.add_reader(proc.fd, readable)
 
         async def relay():
+            nonlocal reading
             while (data := await output.get()) is not None:
                 await self._send(STDOUT, data)
+                if not reading and not ended and output.empty() and self.pty_fd is not None:
+                    reading = True
+                    loop.add_reader(proc.fd, readable)
             status = await asyncio.to_thread(_wait_pty, proc)
             await self._send_exit(status)
 
@@ -292,17 +310,10 @@ class SSHChannelHandler(WebSocketMixin, WebSocketHandler, JupyterHandler):
 
     async def _send(self, tag: int, data: bytes) -> None:
         self._touch()
-        try:
+        # awaited: the message is on its way before the next read, so the gateway (and the
+        # person at the far end) sets the pace
+        with contextlib.suppress(WebSocketClosedError):
             await self.write_message(bytes([tag]) + data, binary=True)
-        except WebSocketClosedError:
-            return
-        # the gateway (and the person at the far end) sets the pace
-        while self.ws_connection is not None and self._buffered() > HIGH_WATER_BYTES:
-            await asyncio.sleep(0.01)
-
-    def _buffered(self) -> int:
-        stream = getattr(self.ws_connection, "stream", None)
-        return len(getattr(stream, "_write_buffer", b"") or b"") if stream else 0
 
     async def _send_exit(self, status: int) -> None:
         message = (

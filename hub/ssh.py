@@ -400,15 +400,30 @@ async def relay_session(
                     return control
 
     sending = asyncio.ensure_future(upstream())
+    receiving = asyncio.ensure_future(downstream())
+    # the client gone (its channel closed, the connection lost) ends the command, as sshd
+    # hangs up a session: the server's end hangs up what runs when its websocket closes
+    gone = asyncio.ensure_future(process.channel.wait_closed())
+    outcome: dict = {"exit": 255}
     try:
-        outcome = await downstream()
-    except Exception as e:  # the server went away mid-way
-        log.info("SSH channel ended: %s", e)
-        outcome = {"exit": 255}
+        while not receiving.done():
+            done, _pending = await asyncio.wait(
+                {receiving, sending, gone} - {t for t in (sending,) if t.done()},
+                return_when=asyncio.FIRST_COMPLETED,
+            )
+            if gone in done or (sending in done and sending.exception() is not None):
+                break
+        if receiving.done() and not receiving.cancelled() and receiving.exception() is None:
+            outcome = receiving.result()
+        elif receiving.done() and receiving.exception() is not None:
+            log.info("SSH channel ended: %s", receiving.exception())
     finally:
-        sending.cancel()
-        await asyncio.gather(sending, return_exceptions=True)
+        for task in (sending, receiving, gone):
+            task.cancel()
+        await asyncio.gather(sending, receiving, gone, return_exceptions=True)
         channel.close()
+    if process.channel.is_closing():
+        return
     if "exit_signal" in outcome:
         process.exit_with_signal(str(outcome["exit_signal"]))
     else:

@@ -298,3 +298,31 @@ def test_the_gateway_is_a_service_of_the_hub_that_stops_with_it(ssh_hub):
     public = Path(f"{key}.pub").read_text().split()[1]
     assert public in scan.stdout
     assert sys.executable  # the gateway's processes end with the hub: see test_serve_console
+
+
+async def test_output_arrives_whole_and_a_vanished_client_ends_its_command(ssh_hub):
+    token = token_for(ssh_hub, "ola")
+    ssh_hub.spawn("ola", {"profile": "debug"})
+    async with await connect(ssh_hub, "ola", token) as conn:
+        # 16 MiB through the websocket and the gateway, paced by the client
+        big = await conn.run("head -c 16777216 /dev/zero", encoding=None)
+        assert big.exit_status == 0 and len(big.stdout) == 16 * 1024 * 1024
+        pty = await conn.run("seq 1 200000", term_type="xterm")
+        assert pty.stdout.split()[-1] == "200000"
+    # a client that drops its connection mid-command: the command is hung up, as sshd does
+    dropped = await connect(ssh_hub, "ola", token)
+    await dropped.create_process("sleep 307")
+    await asyncio.sleep(1)
+    dropped.abort()
+
+    async def still_running() -> bool:
+        async with await connect(ssh_hub, "ola", token) as conn:
+            found = await conn.run("pgrep -fx 'sleep 307' || true")
+            return bool(found.stdout.strip())
+
+    for _ in range(60):
+        if not await still_running():
+            break
+        await asyncio.sleep(0.5)
+    else:
+        pytest.fail("the command of a client that went away still runs")
