@@ -24,6 +24,7 @@ import contextlib
 import fcntl
 import json
 import os
+import re
 import shutil
 import signal
 import struct
@@ -45,8 +46,15 @@ CHUNK_BYTES = 64 * 1024
 PTY_READ_AHEAD = 16
 #: how long a command gets after SIGHUP before SIGKILL, when its channel closes
 HANGUP_SECONDS = 3
-#: environment variables a client may set (OpenSSH's SendEnv LANG LC_*), and TERM
-CLIENT_ENV_PREFIXES = ("LANG", "LC_", "TERM")
+#: environment variables a client may set (OpenSSH's SendEnv LANG LC_*, and TERM)
+CLIENT_ENV_NAME = re.compile(r"(?:LANG|LANGUAGE|TERM|LC_[A-Z]{1,20})\Z")
+#: a terminal type as terminfo names them
+TERM_NAME = re.compile(r"[A-Za-z0-9._+-]{1,64}\Z")
+#: signals a client may send (RFC 4254's names), to the command or the terminal's foreground
+CLIENT_SIGNALS = frozenset(
+    {signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGKILL,
+     signal.SIGUSR1, signal.SIGUSR2}
+)  # fmt: skip
 #: where OpenSSH's SFTP server is on Debian, Ubuntu and Red Hat
 SFTP_SERVERS = ("/usr/lib/openssh/sftp-server", "/usr/libexec/openssh/sftp-server")
 #: an SSH channel's activity: jupyter_server counts every `settings` key ending so
@@ -73,10 +81,35 @@ def client_env(asked: object) -> dict[str, str]:
     if not isinstance(asked, dict):
         return {}
     return {
-        str(k): str(v)[:200]
+        k: v
         for k, v in list(asked.items())[:32]
-        if isinstance(k, str) and k.startswith(CLIENT_ENV_PREFIXES) and "\0" not in str(v)
+        if isinstance(k, str)
+        and CLIENT_ENV_NAME.match(k)
+        and isinstance(v, str)
+        and len(v) <= 200
+        and "\0" not in v
     }
+
+
+def terminal_type(asked: object) -> str:
+    return asked if isinstance(asked, str) and TERM_NAME.match(asked) else "xterm"
+
+
+def session_groups(sid: int, proc: str = "/proc") -> set[int]:
+    """The process groups of the session `sid` (what a command or a shell started, jobs
+    included, whatever group they moved to)."""
+    groups = set()
+    for entry in os.listdir(proc):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"{proc}/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if int(fields[3]) == sid and fields[0] not in ("Z", "X"):
+            groups.add(int(fields[2]))
+    return groups
 
 
 def shell() -> str:
@@ -142,27 +175,25 @@ class SSHChannelHandler(WebSocketMixin, WebSocketHandler, JupyterHandler):
             control = json.loads(message)
         except ValueError:
             return
-        if "resize" in control and self.pty_fd is not None:
-            cols, rows = (control["resize"] + [0, 0])[:2]
+        if not isinstance(control, dict):
+            return  # not a control message: ignored, as is any unknown field
+        resize = control.get("resize")
+        if isinstance(resize, list) and len(resize) == 2 and self.pty_fd is not None:
+            cols, rows = resize
+            # the kernel tells the terminal's foreground group (SIGWINCH)
             _set_size(self.pty_fd, _bounded(cols, 1, 1000, 80), _bounded(rows, 1, 1000, 24))
-            if self.pid:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(self.pid, signal.SIGWINCH)
-        elif control.get("eof"):
+        elif control.get("eof") is True:
             await self._eof()
-        elif "signal" in control and self.pid:
-            sig = getattr(signal, f"SIG{str(control['signal']).upper()}", None)
-            if isinstance(sig, signal.Signals) and sig in (
-                signal.SIGINT,
-                signal.SIGTERM,
-                signal.SIGHUP,
-                signal.SIGQUIT,
-                signal.SIGKILL,
-                signal.SIGUSR1,
-                signal.SIGUSR2,
-            ):
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(self.pid, sig)
+        elif isinstance(control.get("signal"), str) and self.pid and self._running():
+            sig = getattr(signal, f"SIG{control['signal'].upper()}", None)
+            if sig in CLIENT_SIGNALS:
+                # a terminal's signal goes where ^C goes: its foreground job
+                group = self.pid
+                if self.pty_fd is not None:
+                    with contextlib.suppress(OSError):
+                        group = os.tcgetpgrp(self.pty_fd)
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(group, sig)
 
     def on_close(self):
         self.closed.set()
@@ -171,7 +202,7 @@ class SSHChannelHandler(WebSocketMixin, WebSocketHandler, JupyterHandler):
         if self.writer is not None:
             self.writer.close()
         if self.pid and self._running():
-            asyncio.ensure_future(_hang_up(self.pid))
+            asyncio.ensure_future(_hang_up(self.pid, getattr(self, "pty", None)))
         if self.pty_fd is not None:
             with contextlib.suppress(OSError, ValueError):
                 asyncio.get_running_loop().remove_reader(self.pty_fd)
@@ -218,7 +249,7 @@ class SSHChannelHandler(WebSocketMixin, WebSocketHandler, JupyterHandler):
             raise ValueError(f"unknown kind of channel {kind!r}")
         pty = request.get("pty") if kind != "sftp" else None
         if isinstance(pty, dict):
-            env["TERM"] = str(pty.get("term") or "xterm")[:64]
+            env["TERM"] = terminal_type(pty.get("term"))
             await self._start_pty(argv, env, home, pty)
         else:
             await self._start_pipes(argv, env, home)
@@ -248,7 +279,10 @@ class SSHChannelHandler(WebSocketMixin, WebSocketHandler, JupyterHandler):
 
         cols = _bounded(pty.get("cols"), 1, 1000, 80)
         rows = _bounded(pty.get("rows"), 1, 1000, 24)
-        proc = ptyprocess.PtyProcess.spawn(argv, cwd=home, env=env, dimensions=(rows, cols))
+        try:
+            proc = ptyprocess.PtyProcess.spawn(argv, cwd=home, env=env, dimensions=(rows, cols))
+        except (OSError, ValueError, ptyprocess.PtyProcessError) as e:
+            raise ValueError(f"the terminal could not start: {e}") from None
         self.pty = proc
         self.pid = proc.pid
         self.pty_fd = proc.fd
@@ -393,15 +427,21 @@ def _wait_pty(proc) -> int:
     return int(proc.exitstatus or 0)
 
 
-async def _hang_up(pgid: int) -> None:
-    """End what a closed channel left running: SIGHUP, as a terminal's close does, then
-    SIGKILL."""
-    for sig in (signal.SIGHUP, signal.SIGCONT):
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(pgid, sig)
+async def _hang_up(sid: int, pty=None) -> None:
+    """End what a closed channel left running, as sshd does when a client goes away: SIGHUP
+    (and SIGCONT) to every process group of its session, the terminal's foreground job and
+    background jobs included; then SIGKILL to the command or shell itself if it is still
+    there. What ignores SIGHUP (`nohup`) lives on, as with sshd; `setsid` left the session."""
+    for group in session_groups(sid) | {sid}:
+        for sig in (signal.SIGHUP, signal.SIGCONT):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(group, sig)
     await asyncio.sleep(HANGUP_SECONDS)
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pgid, signal.SIGKILL)
+    if sid in session_groups(sid):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(sid, signal.SIGKILL)
+    if pty is not None:  # a terminal's shell is this server's child: collect it
+        await asyncio.to_thread(pty.wait)
 
 
 def handlers(base_url: str) -> list[tuple]:

@@ -13,6 +13,7 @@ import datetime
 import hashlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -237,14 +238,23 @@ def build(site: dict, environment: Environment, out=print) -> str:
 
 
 def prune(root: str, slug: str, keep: str, out=print) -> None:
-    """Remove the earlier builds of `slug` that no process runs from; say which stay."""
+    """Remove the earlier builds of `slug` that no process runs from and no link names;
+    say which stay. A build is `<slug>-<time>` exactly: `vllm-old-<time>` is another
+    environment's."""
     builds = os.path.join(root, BUILDS_DIR)
+    named = re.compile(re.escape(slug) + r"-\d{8}T\d{6}\Z")
+    linked = {
+        os.path.realpath(os.path.join(root, name))
+        for name in os.listdir(root)
+        if os.path.islink(os.path.join(root, name))
+    }
     earlier = [
         os.path.join(builds, name)
         for name in sorted(os.listdir(builds))
-        if name.startswith(f"{slug}-")
+        if named.match(name)
         and os.path.isdir(os.path.join(builds, name))
         and os.path.join(builds, name) != keep
+        and os.path.realpath(os.path.join(builds, name)) not in linked
     ]
     if not earlier:
         return

@@ -24,6 +24,7 @@ import inspect
 import json
 import logging
 import os
+import random
 import time
 from dataclasses import dataclass
 from decimal import Decimal
@@ -45,10 +46,24 @@ log = logging.getLogger("meterhub.ssh")
 HTTP_TIMEOUT_SECONDS = 20
 #: an SSH client has this long to authenticate
 LOGIN_TIMEOUT_SECONDS = 60
-#: failed passwords from one address within FAILURE_WINDOW_SECONDS before it is refused
-#: without asking the hub (tokens cannot be guessed; this keeps the hub out of a flood)
+#: failed passwords for one user from one address within FAILURE_WINDOW_SECONDS before
+#: their next is refused without asking the hub (tokens cannot be guessed; this keeps the
+#: hub out of a flood)
 MAX_FAILURES = 10
 FAILURE_WINDOW_SECONDS = 60
+#: (address, user) pairs remembered at most before expired ones are swept
+MAX_TRACKED = 10_000
+#: connections that have not authenticated yet, in all and from one address
+MAX_UNAUTHENTICATED = 200
+MAX_UNAUTHENTICATED_PER_ADDRESS = 20
+#: a client that stops answering is dropped after this many keepalives this far apart
+KEEPALIVE_SECONDS = 30
+KEEPALIVE_COUNT = 4
+#: the token a server is given for a connection's channels lives this long; it is made
+#: again before it ends while the connection lasts, and deleted when the connection ends
+SERVER_TOKEN_SECONDS = 3600
+#: how often an open connection's token is checked again (a revoked one ends it)
+RECHECK_SECONDS = 60
 #: the largest websocket message relayed (a read is at most 64 KiB and a tag)
 MAX_MESSAGE_BYTES = 1024 * 1024
 #: hosts a client may forward to: the server's own ports
@@ -87,26 +102,75 @@ def may_ssh(scopes: set[str] | frozenset[str], user: str, groups: set[str]) -> b
     return bool(access & scopes) and bool(ssh & scopes)
 
 
-class FailedLogins:
-    """Failed passwords per client address in a sliding window."""
+class LoginLimits:
+    """Limits on logins, in memory, as sshd's MaxStartups and a lockout per account do:
 
-    def __init__(self, limit: int = MAX_FAILURES, window: float = FAILURE_WINDOW_SECONDS):
+    - failed passwords per (client address, user name) in a sliding window, attempts in
+      flight counted too: past `MAX_FAILURES` the hub is not asked and the login fails. A
+      token the hub accepts is never refused for other people's failures from a shared
+      address (a campus NAT) or other accounts' from the same one;
+    - connections not yet authenticated: `MAX_UNAUTHENTICATED` in all and
+      `MAX_UNAUTHENTICATED_PER_ADDRESS` from one address, so idle TCP connections cannot
+      use up the gateway's descriptors before the login timeout ends them.
+    """
+
+    def __init__(
+        self,
+        limit: int = MAX_FAILURES,
+        window: float = FAILURE_WINDOW_SECONDS,
+        pending_limit: int = MAX_UNAUTHENTICATED,
+        pending_per_address: int = MAX_UNAUTHENTICATED_PER_ADDRESS,
+    ):
         self.limit, self.window = limit, window
-        self.failures: dict[str, collections.deque] = {}
+        self.failures: dict[tuple[str, str], collections.deque] = {}
+        self.trying: collections.Counter = collections.Counter()
+        self.pending_limit, self.pending_per_address = pending_limit, pending_per_address
+        self.pending: collections.Counter = collections.Counter()
 
-    def blocked(self, address: str, now: float | None = None) -> bool:
-        now = time.monotonic() if now is None else now
-        seen = self.failures.get(address)
+    def _recent(self, key: tuple[str, str], now: float) -> int:
+        seen = self.failures.get(key)
         while seen and now - seen[0] > self.window:
             seen.popleft()
         if seen is not None and not seen:
-            del self.failures[address]
-        return bool(seen) and len(seen) >= self.limit
+            del self.failures[key]
+        return len(seen) if seen else 0
 
-    def fail(self, address: str, now: float | None = None) -> None:
-        self.failures.setdefault(address, collections.deque()).append(
-            time.monotonic() if now is None else now
-        )
+    def begin(self, address: str, user: str, now: float | None = None) -> bool:
+        """Whether to ask the hub about this login (then `end` says how it went)."""
+        now = time.monotonic() if now is None else now
+        key = (address, user)
+        if self._recent(key, now) + self.trying[key] >= self.limit:
+            return False
+        self.trying[key] += 1
+        return True
+
+    def end(self, address: str, user: str, ok: bool, now: float | None = None) -> None:
+        key = (address, user)
+        self.trying[key] -= 1
+        if self.trying[key] <= 0:
+            del self.trying[key]
+        if not ok:
+            self.failures.setdefault(key, collections.deque()).append(
+                time.monotonic() if now is None else now
+            )
+        if len(self.failures) > MAX_TRACKED:  # forget those whose window has passed
+            for old in list(self.failures)[: len(self.failures) // 2]:
+                self._recent(old, time.monotonic() if now is None else now)
+
+    def connect(self, address: str) -> bool:
+        """Whether a new connection may wait for its login (then `authenticated` or
+        `gone` ends its wait)."""
+        if sum(self.pending.values()) >= self.pending_limit:
+            return False
+        if self.pending[address] >= self.pending_per_address:
+            return False
+        self.pending[address] += 1
+        return True
+
+    def settled(self, address: str) -> None:
+        self.pending[address] -= 1
+        if self.pending[address] <= 0:
+            del self.pending[address]
 
 
 class Gateway:
@@ -115,7 +179,7 @@ class Gateway:
     def __init__(self, settings: GatewaySettings):
         self.settings = settings
         self.http = AsyncHTTPClient()
-        self.failed = FailedLogins()
+        self.limits = LoginLimits()
         self.acceptor: asyncssh.SSHAcceptor | None = None
 
     # ------------------------------------------------------------------ the hub
@@ -148,6 +212,46 @@ class Gateway:
         if account is None:
             return False
         return may_ssh(frozenset(model.get("scopes") or ()), user, set(account["groups"]))
+
+    async def server_token(self, user: str, token: str, note: str) -> tuple[str, str | None]:
+        """(a token for the server's end, its id): made with the user's own token, able to
+        reach that one server and SSH into it and nothing else, for SERVER_TOKEN_SECONDS.
+        Anything a server is sent can be read by code running in it; the user's own token
+        (which may start servers and spend credit) must never be. A token that cannot make
+        tokens (no `tokens` scope: already a narrow one) is passed on as it is."""
+        body = {
+            "note": note,
+            "scopes": [f"access:servers!server={user}/", f"{SSH_SCOPE}!user={user}"],
+            "expires_in": SERVER_TOKEN_SECONDS,
+        }
+        try:
+            response = await self.http.fetch(
+                HTTPRequest(
+                    f"{self.settings.hub_api}/users/{quote(user, safe='')}/tokens",
+                    method="POST",
+                    headers={"Authorization": f"token {token}"},
+                    body=json.dumps(body),
+                    request_timeout=HTTP_TIMEOUT_SECONDS,
+                    connect_timeout=HTTP_TIMEOUT_SECONDS,
+                )
+            )
+        except HTTPClientError as e:
+            if e.code in (400, 403):
+                return token, None
+            raise
+        made = json.loads(response.body)
+        return made["token"], made["id"]
+
+    async def delete_token(self, user: str, token: str, token_id: str) -> None:
+        with contextlib.suppress(Exception):
+            await self.http.fetch(
+                HTTPRequest(
+                    f"{self.settings.hub_api}/users/{quote(user, safe='')}/tokens/{token_id}",
+                    method="DELETE",
+                    headers={"Authorization": f"token {token}"},
+                    request_timeout=HTTP_TIMEOUT_SECONDS,
+                )
+            )
 
     async def user_model(self, user: str) -> dict | None:
         """The user's groups and servers, as this service may read them."""
@@ -185,12 +289,14 @@ class Gateway:
 
     # ------------------------------------------------------------------ channels
 
-    async def open_channel(self, user: str, token: str, request: dict) -> WebSocketClientConnection:
-        """A websocket to the server's SSH endpoint that runs `request`; ValueError with
-        what to say when no server runs."""
-        server = await self.running_server(user)
+    async def open_channel(self, owner: SessionOwner, request: dict) -> WebSocketClientConnection:
+        """A websocket to the server's SSH endpoint that runs `request`, with the server's
+        narrow token; ValueError with what to say when no server runs."""
+        server = await self.running_server(owner.user)
         if server is None:
-            raise ValueError(await self.not_running(user, token))
+            # said with the user's own token (prices, balance), which stays here
+            raise ValueError(await self.not_running(owner.user, owner.token))
+        token = await owner.channel_token()
         base = self.settings.server_url.rstrip("/")
         url = base.replace("http", "ws", 1) + server["url"] + "meterhub/ssh"
         connection = await websocket_connect(
@@ -227,7 +333,7 @@ class Gateway:
                 "pty": {"term": term, "cols": cols or 80, "rows": rows or 24} if term else None,
             }
             try:
-                channel = await self.open_channel(owner.user, owner.token, request)
+                channel = await self.open_channel(owner, request)
             except ValueError as e:
                 process.stderr.write(f"meterhub: {e}\n".encode())
                 process.exit(1)
@@ -245,8 +351,7 @@ class Gateway:
 
     async def run_forward(
         self,
-        user: str,
-        token: str,
+        owner: SessionOwner,
         port: int,
         reader: asyncssh.SSHReader,
         writer: asyncssh.SSHWriter,
@@ -254,10 +359,10 @@ class Gateway:
         """A forwarded connection (`ssh -L`, VS Code): to a port of the server itself."""
         try:
             channel = await self.open_channel(
-                user, token, {"kind": "forward", "host": "localhost", "port": port}
+                owner, {"kind": "forward", "host": "localhost", "port": port}
             )
         except Exception as e:
-            log.info("SSH: %s's forwarding to port %s refused: %s", user, port, e)
+            log.info("SSH: %s's forwarding to port %s refused: %s", owner.user, port, e)
             writer.close()
             return
         await relay_forward(reader, writer, channel)
@@ -273,6 +378,8 @@ class Gateway:
             encoding=None,
             line_editor=False,
             login_timeout=LOGIN_TIMEOUT_SECONDS,
+            keepalive_interval=KEEPALIVE_SECONDS,
+            keepalive_count_max=KEEPALIVE_COUNT,
             agent_forwarding=False,
             x11_forwarding=False,
             allow_scp=False,
@@ -285,17 +392,40 @@ class Gateway:
 
 
 class SessionOwner(asyncssh.SSHServer):
-    """One SSH connection: who it is, once the hub has accepted their token."""
+    """One SSH connection: who it is once the hub has accepted their token, and the narrow
+    token its channels give the server."""
 
     def __init__(self, gateway: Gateway):
         self.gateway = gateway
         self.user = ""
         self.token = ""
         self.address = ""
+        self.conn: asyncssh.SSHServerConnection | None = None
+        self.waiting = False
+        #: the server's token: (token, id or None, when made)
+        self.for_server: tuple[str, str | None, float] | None = None
+        self.minting: asyncio.Lock | None = None
+        self.watch: asyncio.Task | None = None
 
     def connection_made(self, conn: asyncssh.SSHServerConnection) -> None:
+        self.conn = conn
         peer = conn.get_extra_info("peername") or ("?",)
         self.address = str(peer[0])
+        self.waiting = self.gateway.limits.connect(self.address)
+        if not self.waiting:
+            log.warning("SSH: too many connections waiting to log in (%s); closed", self.address)
+            conn.close()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self.waiting:
+            self.gateway.limits.settled(self.address)
+            self.waiting = False
+        if self.watch is not None:
+            self.watch.cancel()
+        if self.for_server is not None and self.for_server[1] is not None:
+            _keep(asyncio.ensure_future(
+                self.gateway.delete_token(self.user, self.token, self.for_server[1])
+            ))  # fmt: skip
 
     def begin_auth(self, username: str) -> bool:
         return True
@@ -304,21 +434,71 @@ class SessionOwner(asyncssh.SSHServer):
         return True
 
     async def validate_password(self, username: str, password: str) -> bool:
-        if self.gateway.failed.blocked(self.address):
-            log.warning("SSH: too many failed logins from %s; refused", self.address)
+        limits = self.gateway.limits
+        if not limits.begin(self.address, username):
+            log.warning(
+                "SSH: too many failed logins for %s from %s; refused", username, self.address
+            )
             return False
+        ok = False
         try:
             ok = await self.gateway.authenticate(username, password)
         except Exception:
             log.exception("SSH: the hub did not answer %s's login", username)
             return False
+        finally:
+            limits.end(self.address, username, ok)
         if not ok:
-            self.gateway.failed.fail(self.address)
             log.info("SSH: refused %s from %s", username, self.address)
             return False
         self.user, self.token = username, password
         log.info("SSH: %s signed in from %s", username, self.address)
         return True
+
+    def auth_completed(self) -> None:
+        if self.waiting:
+            self.gateway.limits.settled(self.address)
+            self.waiting = False
+        self.minting = asyncio.Lock()
+        self.watch = asyncio.ensure_future(self._recheck())
+
+    async def channel_token(self) -> str:
+        """The token the server gets for this connection's channels (made once, then again
+        before it expires)."""
+        assert self.minting is not None
+        async with self.minting:
+            now = time.monotonic()
+            current = self.for_server
+            if current is None or (
+                current[1] is not None
+                and now - current[2] > SERVER_TOKEN_SECONDS - RECHECK_SECONDS * 5
+            ):
+                token, token_id = await self.gateway.server_token(
+                    self.user, self.token, f"meterhub SSH from {self.address}"
+                )
+                self.for_server = (token, token_id, now)
+                if current is not None and current[1] is not None:
+                    await self.gateway.delete_token(self.user, self.token, current[1])
+            return self.for_server[0]
+
+    async def _recheck(self) -> None:
+        """End the connection once its token no longer may (revoked, expired, its user gone
+        or its scopes changed): a connection is not a way to keep what was taken away."""
+        while True:
+            await asyncio.sleep(RECHECK_SECONDS * random.uniform(0.9, 1.1))
+            try:
+                ok = await self.gateway.authenticate(self.user, self.token)
+            except Exception:
+                continue  # the hub did not answer: ask again later
+            if not ok:
+                log.info(
+                    "SSH: %s's token no longer may; connection from %s closed",
+                    self.user,
+                    self.address,
+                )
+                if self.conn is not None:
+                    self.conn.close()
+                return
 
     def session_requested(self) -> RelayedProcess:
         return RelayedProcess(self.gateway.run_process, None, asyncssh.sftp.MIN_SFTP_VERSION, False)
@@ -329,10 +509,9 @@ class SessionOwner(asyncssh.SSHServer):
                 asyncssh.OPEN_ADMINISTRATIVELY_PROHIBITED,
                 "only ports of your server itself (localhost) can be forwarded",
             )
-        user, token = self.user, self.token
 
         async def handler(reader, writer):
-            await self.gateway.run_forward(user, token, dest_port, reader, writer)
+            await self.gateway.run_forward(self, dest_port, reader, writer)
 
         return handler
 
@@ -341,6 +520,15 @@ class SessionOwner(asyncssh.SSHServer):
 
     def unix_connection_requested(self, dest_path: str):
         return False
+
+
+#: tasks started and not awaited (a token's deletion after a connection ended)
+_KEPT: set[asyncio.Future] = set()
+
+
+def _keep(task: asyncio.Future) -> None:
+    _KEPT.add(task)
+    task.add_done_callback(_KEPT.discard)
 
 
 class RelayedProcess(asyncssh.SSHServerProcess):

@@ -676,7 +676,8 @@ class Catalog(LoggingConfigurable):
             raise InvalidChoice(
                 _(
                     "Unknown environment %(environment)s; choose one of: %(environments)s",
-                    environment=repr(raw),
+                    # never a whole 10 kB value back in a refusal
+                    environment=repr(raw)[:60],
                     environments=", ".join(offered),
                 )
             )

@@ -445,3 +445,21 @@ def test_a_slurm_job_runs_from_the_environments_build_on_the_shared_filesystem(t
     assert f"--ro-bind {build} {build}" in script
     default = render(site, "amy", "debug")
     assert f"{sys.prefix}/bin/jupyterhub-singleuser" in default and str(build) not in default
+
+
+def test_a_build_removes_only_its_own_environments_earlier_builds(tmp_path):
+    """`vllm-old` is another environment: building `vllm` leaves its build alone, and a
+    build any link names is never removed."""
+    envs = tmp_path / "envs"
+    other = _fake_build(envs, "vllm-old", "vllm-old-20261201T000000")
+    earlier = _fake_build(envs, "vllm", "vllm-20261201T000000")
+    current = _fake_build(envs, "vllm", "vllm-20261202T000000")  # the link moves here
+    env_cli.prune(str(envs), "vllm", keep=str(current), out=lambda line: None)
+    assert other.is_dir() and current.is_dir() and not earlier.exists()
+    assert os.path.realpath(envs / "vllm-old") == str(other)
+
+
+def test_a_long_unknown_environment_is_not_echoed_whole():
+    with pytest.raises(InvalidChoice) as refused:
+        Catalog().parse({"profile": "debug", "environment": "x" * 10_000})
+    assert len(str(refused.value)) < 200

@@ -20,7 +20,7 @@ import requests
 from tornado.httpclient import HTTPClientError, HTTPRequest
 from tornado.websocket import websocket_connect
 
-from meterhub.hub.ssh import FailedLogins, may_ssh
+from meterhub.hub.ssh import LoginLimits, may_ssh
 
 from .hubprocess import ADMIN_TOKEN, free_port, until
 from .jupyter import execute
@@ -85,13 +85,28 @@ def test_the_scopes_that_open_a_server_over_ssh():
     assert not may_ssh(by_group, "ben", {"lab"})
 
 
-def test_failed_logins_from_one_address_are_refused_for_a_while():
-    failed = FailedLogins(limit=3, window=60)
-    for second in range(3):
-        assert not failed.blocked("10.0.0.1", now=second)
-        failed.fail("10.0.0.1", now=second)
-    assert failed.blocked("10.0.0.1", now=10) and not failed.blocked("10.0.0.2", now=10)
-    assert not failed.blocked("10.0.0.1", now=70)  # the window has passed
+def test_failed_logins_are_limited_per_address_and_user_attempts_in_flight_included():
+    limits = LoginLimits(limit=3, window=60)
+    for second in range(3):  # three wrong passwords for amy from one address
+        assert limits.begin("10.0.0.1", "amy", now=second)
+        limits.end("10.0.0.1", "amy", ok=False, now=second)
+    assert not limits.begin("10.0.0.1", "amy", now=10)  # the hub is not asked again
+    # others behind the same address, and amy from elsewhere, are not locked out
+    assert limits.begin("10.0.0.1", "ben", now=10) and limits.begin("10.0.0.2", "amy", now=10)
+    assert limits.begin("10.0.0.1", "amy", now=70)  # the window has passed
+    # attempts still waiting for the hub count: a burst is not all asked
+    burst = LoginLimits(limit=3, window=60)
+    assert [burst.begin("10.0.0.9", "amy", now=0) for _ in range(5)] == [True] * 3 + [False] * 2
+
+
+def test_connections_waiting_to_log_in_are_limited_in_all_and_per_address():
+    limits = LoginLimits(pending_limit=4, pending_per_address=2)
+    assert limits.connect("10.0.0.1") and limits.connect("10.0.0.1")
+    assert not limits.connect("10.0.0.1")  # a third from one address
+    assert limits.connect("10.0.0.2") and limits.connect("10.0.0.3")
+    assert not limits.connect("10.0.0.4")  # four in all
+    limits.settled("10.0.0.1")  # one logged in (or went away)
+    assert limits.connect("10.0.0.4")
 
 
 # ------------------------------------------------------------------ a real hub
@@ -326,3 +341,134 @@ async def test_output_arrives_whole_and_a_vanished_client_ends_its_command(ssh_h
         await asyncio.sleep(0.5)
     else:
         pytest.fail("the command of a client that went away still runs")
+
+
+SCRAPE = """
+import os, re
+found = set()
+for pid in os.listdir("/proc"):
+    try:
+        if b"jupyterhub-singleuser" not in open(f"/proc/{pid}/cmdline", "rb").read():
+            continue
+        maps = open(f"/proc/{pid}/maps").read().splitlines()
+        mem = open(f"/proc/{pid}/mem", "rb", 0)
+    except (OSError, ValueError):
+        continue
+    for line in maps:
+        span, perms = line.split()[:2]
+        start, end = (int(x, 16) for x in span.split("-"))
+        if "r" not in perms or end - start > 512 * 1024 * 1024:
+            continue
+        try:
+            mem.seek(start)
+            found.update(m.decode() for m in re.findall(rb"[0-9a-f]{32}", mem.read(end - start)))
+        except (OSError, ValueError, OverflowError):
+            continue
+print(" ".join(sorted(found)))
+"""
+
+
+async def test_the_server_never_holds_the_users_own_token(ssh_hub):
+    """What a server is sent, code in it can read (its memory is its user's): SSH gives it a
+    token for that server alone, made for the connection and deleted after it."""
+    token = token_for(ssh_hub, "pam")
+    ssh_hub.spawn("pam", {"profile": "debug"})
+    narrow = {"access:servers!server=pam/", "custom:meterhub:ssh!user=pam"}
+
+    def made_for_ssh() -> list[dict]:
+        tokens = ssh_hub.api("GET", "/users/pam/tokens").json()["api_tokens"]
+        return [t for t in tokens if t["note"].startswith("meterhub SSH from")]
+
+    async with await connect(ssh_hub, "pam", token) as conn:
+        assert (await conn.run("true")).exit_status == 0
+        (made,) = made_for_ssh()
+        identify = {"read:users:name!user=pam", "read:users:groups!user=pam"}  # every token's
+        assert set(made["scopes"]) - identify == narrow and made["expires_at"]
+        found = set((await execute(ssh_hub.url, "pam", ADMIN_TOKEN, SCRAPE)).split())
+        assert token not in found, "the user's own token reached the server"
+        for candidate in found - {ADMIN_TOKEN}:  # the test's own calls to the kernel
+            who = requests.get(
+                f"{ssh_hub.url}/hub/api/user",
+                headers={"Authorization": f"token {candidate}"},
+                timeout=30,
+            )
+            if who.status_code == 200:
+                scopes = set(who.json()["scopes"])
+                assert not scopes & {"servers!user=pam", "tokens!user=pam", "custom:meterhub:spend"}
+    until(lambda: not made_for_ssh(), "the connection's token to be deleted")
+
+
+async def test_closing_a_terminal_hangs_up_its_jobs_and_odd_requests_are_ignored(ssh_hub):
+    token = token_for(ssh_hub, "tom")
+    ssh_hub.spawn("tom", {"profile": "debug"})
+    # a variable name that is no variable, and a terminal type that is no terminal: refused
+    # quietly, the session runs
+    async with await connect(ssh_hub, "tom", token) as conn:
+        odd = await conn.run(
+            "echo ${LC_A:-unset} $TERM",
+            env={"LC_A=B": "x", "LANGEVIL": "1"},
+            term_type="xterm\x00evil",
+        )
+        assert odd.exit_status == 0 and odd.stdout.split() == ["unset", "xterm"]
+    dropped = await connect(ssh_hub, "tom", token)
+    shell = await dropped.create_process(term_type="xterm")
+    shell.stdin.write("sleep 613\n")  # the terminal's foreground job, a group of its own
+    await asyncio.sleep(2)
+    dropped.abort()
+
+    async def running(pattern: str) -> bool:
+        async with await connect(ssh_hub, "tom", token) as conn:
+            return bool((await conn.run(f"pgrep -fx '{pattern}' || true")).stdout.strip())
+
+    for _ in range(60):
+        if not await running("sleep 613"):
+            break
+        await asyncio.sleep(0.5)
+    else:
+        pytest.fail("the closed terminal's job still runs")
+
+
+async def test_the_servers_endpoint_ignores_control_messages_it_cannot_read(ssh_hub):
+    token = token_for(ssh_hub, "uma")
+    ssh_hub.spawn("uma", {"profile": "debug"})
+    url = ssh_hub.url.replace("http", "ws", 1) + "/user/uma/meterhub/ssh"
+    ws = await websocket_connect(
+        HTTPRequest(url, headers={"Authorization": f"token {token}"}, request_timeout=30)
+    )
+    await ws.write_message('{"kind": "exec", "command": "cat"}')
+    for junk in ("5", "[1]", '{"resize": "ab"}', '{"resize": {"a": 1}}', '{"signal": 9}', "{"):
+        await ws.write_message(junk)
+    await ws.write_message(b"still here", binary=True)
+    await ws.write_message('{"eof": true}')
+    got, exit_status = b"", None
+    while (message := await asyncio.wait_for(ws.read_message(), 30)) is not None:
+        if isinstance(message, bytes):
+            got += message[1:]
+        elif "exit" in message:
+            exit_status = message
+    assert got == b"still here" and exit_status == '{"exit": 0}'
+
+
+async def test_a_connection_whose_token_no_longer_may_is_closed(monkeypatch):
+    """Checked again every RECHECK_SECONDS: a revoked token ends the connection."""
+    from meterhub.hub import ssh
+
+    monkeypatch.setattr(ssh, "RECHECK_SECONDS", 0.01)
+    answers = iter([True, True, False])
+
+    class Hub:
+        limits = ssh.LoginLimits()
+
+        async def authenticate(self, user, token):
+            return next(answers)
+
+    class Conn:
+        closed = False
+
+        def close(self):
+            self.closed = True
+
+    owner = ssh.SessionOwner(Hub())
+    owner.user, owner.token, owner.conn = "amy", "t", Conn()
+    await asyncio.wait_for(owner._recheck(), 5)
+    assert owner.conn.closed
