@@ -66,6 +66,11 @@ KILL_TIMEOUT_SECONDS = 5
 PORT_WAIT_FIRST_SECONDS = 0.05
 PORT_WAIT_BACKOFF = 1.5
 PORT_WAIT_MAX_SECONDS = 0.5
+#: ... the longest pause while this many servers or more are starting at once: each waits a
+#: little longer to be seen listening, and the hub tries far fewer connections (a burst of
+#: 200 starts tried about 200 a second at 0.5 s, bench/spawn_burst.py)
+PORT_WAIT_BUSY_STARTS = 20
+PORT_WAIT_BUSY_MAX_SECONDS = 2.0
 #: the runtime records, one a server, below <data_dir>/run (a name no user's folder has)
 RECORDS_DIR = "servers.d"
 #: how often a spawn looks again whether its disk's archiving has finished
@@ -136,6 +141,12 @@ def group_has_live_members(pgid: int) -> bool:
     leader = _stat_fields(pgid)
     if leader is not None and _is_live_member(leader, pgid):
         return True
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False  # no member at all, not even a zombie: no scan (a stop's common case)
+    except PermissionError:
+        pass  # members of another uid's: the scan says whether they live
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
@@ -914,6 +925,29 @@ class LocalGPUSpawner(FolderEnvironments, LocalProcessSpawner):
     group_gids = List(Int())
     #: OOM kills its cgroups had counted when it started (a reused cgroup keeps its count)
     oom_baseline = Int(0)
+    #: how many servers of this hub are waiting to be seen listening now (all spawners)
+    _waiting_for_port = 0
+    #: port -> owner key of the servers of this hub that may be starting or running
+    _ports_taken: dict[int, str] = {}
+
+    def _unique_port(self) -> int:
+        """A free port no other server of this hub was given: JupyterHub's random_port
+        only finds one free now, and a server binds it seconds later (a minute, in a burst
+        of 200 on two cores), so two starts could get the same one and the second fail
+        with "Address already in use" (bench/spawn_burst.py saw it)."""
+        taken = LocalGPUSpawner._ports_taken
+        self._forget_port()
+        for _attempt in range(100):
+            port = random_port()
+            if port not in taken:
+                taken[port] = self.owner_key
+                return port
+        raise web.HTTPError(503, "%s", _("No free port for the server; try again."))
+
+    def _forget_port(self) -> None:
+        taken = LocalGPUSpawner._ports_taken
+        for port in [p for p, key in taken.items() if key == self.owner_key]:
+            del taken[port]
 
     # ------------------------------------------------------------------ inventory
 
@@ -1033,7 +1067,7 @@ class LocalGPUSpawner(FolderEnvironments, LocalProcessSpawner):
             self.cpu_limit = float(choice.cpu)
             self.mem_limit = choice.memory_gib * GIB
             self.notebook_dir = self.disk_mount_path if sandboxed else disk
-            self.port = self.port or random_port()
+            self.port = self._unique_port()
             env = self.get_env()
             env.update(self._profile_env(choice, gpus, sandboxed))
             if sandboxed:
@@ -1091,7 +1125,11 @@ class LocalGPUSpawner(FolderEnvironments, LocalProcessSpawner):
             record = dataclasses.replace(record, pid=self.pid)
             await asyncio.to_thread(write_record, self.data_dir, record)
             self._progress(80, N_("Waiting for JupyterLab to answer"))
-            await self._wait_for_port_or_exit(started)
+            LocalGPUSpawner._waiting_for_port += 1
+            try:
+                await self._wait_for_port_or_exit(started)
+            finally:
+                LocalGPUSpawner._waiting_for_port -= 1
             self._warn_over_quota()
             self.last_seen_alive, self.exited_after = int(time.time()), None
         except BaseException:
@@ -1225,7 +1263,9 @@ class LocalGPUSpawner(FolderEnvironments, LocalProcessSpawner):
                 # backing off to half a second: ten tries a second for each of a burst's 200
                 # starting servers was a tenth of the hub's CPU (bench/spawn_burst.py)
                 await asyncio.sleep(delay)
-                delay = min(delay * PORT_WAIT_BACKOFF, PORT_WAIT_MAX_SECONDS)
+                busy = LocalGPUSpawner._waiting_for_port >= PORT_WAIT_BUSY_STARTS
+                longest = PORT_WAIT_BUSY_MAX_SECONDS if busy else PORT_WAIT_MAX_SECONDS
+                delay = min(delay * PORT_WAIT_BACKOFF, longest)
                 continue
             writer.close()
             return
@@ -1495,6 +1535,8 @@ class LocalGPUSpawner(FolderEnvironments, LocalProcessSpawner):
         over_memory = oom_kills > self.oom_baseline
         if alive and not over_memory:
             self.last_seen_alive = int(time.time())
+            if self.server is not None:  # adopted after a hub restart: its port is taken
+                LocalGPUSpawner._ports_taken.setdefault(self.server.port, self.owner_key)
             return None
         if over_memory:
             # v2 (memory.oom.group) has killed the whole server; v1 killed one process
@@ -1627,6 +1669,7 @@ class LocalGPUSpawner(FolderEnvironments, LocalProcessSpawner):
 
     def clear_state(self):
         super().clear_state()
+        self._forget_port()
         self.proc = None
         self.cgroup_dirs = []
         self.oom_baseline = 0

@@ -56,7 +56,13 @@ def test_a_group_whose_leader_exited_lives_on_in_its_members():
 def _spawner(proc: subprocess.Popen, probe) -> types.SimpleNamespace:
     """What LocalGPUSpawner.poll reads of its spawner, around a real process group."""
     return types.SimpleNamespace(
-        proc=proc, pid=proc.pid, cgroup_dirs=[], oom_baseline=0, last_seen_alive=None, _probe=probe
+        proc=proc,
+        pid=proc.pid,
+        cgroup_dirs=[],
+        oom_baseline=0,
+        last_seen_alive=None,
+        _probe=probe,
+        server=None,
     )
 
 
