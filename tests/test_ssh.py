@@ -40,6 +40,18 @@ def ssh_hub(hub_factory):
     return hub
 
 
+AMY_PASSWORD = "amy-password-1234"
+
+
+@pytest.fixture(scope="module")
+def amy(ssh_hub) -> str:
+    """amy, with a password (her browser's cookies), a running debug-mode server that the
+    tests share, and a token from /hub/token: what they log in with."""
+    ssh_hub.add_user("amy", AMY_PASSWORD)
+    ssh_hub.spawn("amy", {"profile": "debug"})
+    return token_for(ssh_hub, "amy")
+
+
 def token_for(hub, user: str, scopes: list[str] | None = None) -> str:
     hub.ensure_user(user)
     body = {"note": "ssh test", **({"scopes": scopes} if scopes is not None else {})}
@@ -124,9 +136,8 @@ async def test_no_running_server_is_told_how_to_start_one_and_what_it_costs(ssh_
     assert ssh_hub.server("nora") is None, "SSH never starts a server"
 
 
-async def test_commands_run_inside_the_users_sandbox_on_their_disk(ssh_hub):
-    token = token_for(ssh_hub, "amy")
-    ssh_hub.spawn("amy", {"profile": "debug"})
+async def test_commands_run_inside_the_users_sandbox_on_their_disk(ssh_hub, amy):
+    token = amy
     (disk(ssh_hub, "amy") / "notes.txt").write_text("on the disk\n")
     async with await connect(ssh_hub, "amy", token) as conn:
         probe = await conn.run(
@@ -153,20 +164,19 @@ async def test_commands_run_inside_the_users_sandbox_on_their_disk(ssh_hub):
         assert (await asyncio.wait_for(shell.wait(), 30)).exit_status == 5
 
 
-async def test_sftp_copies_into_the_users_disk(ssh_hub, tmp_path):
-    token = token_for(ssh_hub, "sam")
-    ssh_hub.spawn("sam", {"profile": "debug"})
+async def test_sftp_copies_into_the_users_disk(ssh_hub, amy, tmp_path):
+    token = amy
     payload = os.urandom(3 * 1024 * 1024)
     local = tmp_path / "weights.bin"
     local.write_bytes(payload)
-    async with await connect(ssh_hub, "sam", token) as conn:
+    async with await connect(ssh_hub, "amy", token) as conn:
         async with conn.start_sftp_client() as sftp:
             await sftp.mkdir("data")
             await sftp.put(str(local), "data/weights.bin")
             assert "weights.bin" in await sftp.listdir("data")
             back = tmp_path / "back.bin"
             await sftp.get("data/weights.bin", str(back))
-    copied = disk(ssh_hub, "sam") / "data" / "weights.bin"
+    copied = disk(ssh_hub, "amy") / "data" / "weights.bin"
     assert hashlib.sha256(copied.read_bytes()).digest() == hashlib.sha256(payload).digest()
     assert back.read_bytes() == payload
     if os.geteuid() == 0:
@@ -174,11 +184,10 @@ async def test_sftp_copies_into_the_users_disk(ssh_hub, tmp_path):
     assert not stat.S_IMODE(copied.stat().st_mode) & stat.S_IWOTH
 
 
-def test_openssh_and_rsync_work_with_a_token_as_the_password(ssh_hub, tmp_path):
+def test_openssh_and_rsync_work_with_a_token_as_the_password(ssh_hub, amy, tmp_path):
     """What people type: `ssh -p PORT amy@host` and `rsync -e 'ssh -p PORT'`, the token given
     at the password prompt (here by SSH_ASKPASS)."""
-    token = token_for(ssh_hub, "rio")
-    ssh_hub.spawn("rio", {"profile": "debug"})
+    token = amy
     askpass = tmp_path / "askpass"
     askpass.write_text(f"#!/bin/sh\necho {token}\n")
     askpass.chmod(0o700)
@@ -193,7 +202,7 @@ def test_openssh_and_rsync_work_with_a_token_as_the_password(ssh_hub, tmp_path):
         " -o PreferredAuthentications=password -o PubkeyAuthentication=no -o LogLevel=ERROR"
     )
     ran = subprocess.run(
-        [*ssh.split(), "rio@127.0.0.1", "echo $HOME; hostname"],
+        [*ssh.split(), "amy@127.0.0.1", "echo $HOME; hostname"],
         env=env,
         capture_output=True,
         text=True,
@@ -207,7 +216,7 @@ def test_openssh_and_rsync_work_with_a_token_as_the_password(ssh_hub, tmp_path):
     for i in range(20):
         (source / "part" / f"{i}.txt").write_text(f"row {i}\n" * 100)
     synced = subprocess.run(
-        ["rsync", "-a", "-e", ssh, f"{source}/", "rio@127.0.0.1:dataset/"],
+        ["rsync", "-a", "-e", ssh, f"{source}/", "amy@127.0.0.1:dataset/"],
         env=env,
         capture_output=True,
         text=True,
@@ -215,16 +224,15 @@ def test_openssh_and_rsync_work_with_a_token_as_the_password(ssh_hub, tmp_path):
         stdin=subprocess.DEVNULL,
     )
     assert synced.returncode == 0, synced.stderr
-    landed = disk(ssh_hub, "rio") / "dataset" / "part"
+    landed = disk(ssh_hub, "amy") / "dataset" / "part"
     assert sorted(p.name for p in landed.iterdir()) == sorted(f"{i}.txt" for i in range(20))
     assert (landed / "7.txt").read_text() == "row 7\n" * 100
 
 
-async def test_port_forwarding_reaches_the_servers_own_ports_only(ssh_hub):
-    token = token_for(ssh_hub, "fay")
-    ssh_hub.spawn("fay", {"profile": "debug"})
+async def test_port_forwarding_reaches_the_servers_own_ports_only(ssh_hub, amy):
+    token = amy
     port = free_port()
-    async with await connect(ssh_hub, "fay", token) as conn:
+    async with await connect(ssh_hub, "amy", token) as conn:
         web = await conn.create_process(f"exec python3 -m http.server {port} --bind 127.0.0.1")
         try:
 
@@ -247,16 +255,14 @@ async def test_port_forwarding_reaches_the_servers_own_ports_only(ssh_hub):
             web.terminate()
 
 
-async def test_tokens_that_must_not_open_a_server_are_refused(ssh_hub):
-    amy = token_for(ssh_hub, "kim")
-    ssh_hub.spawn("kim", {"profile": "debug"})
+async def test_tokens_that_must_not_open_a_server_are_refused(ssh_hub, amy):
     ben = token_for(ssh_hub, "lou")
     kernel = (
         await execute(
-            ssh_hub.url, "kim", ADMIN_TOKEN, "import os; print(os.environ['JUPYTERHUB_API_TOKEN'])"
+            ssh_hub.url, "amy", ADMIN_TOKEN, "import os; print(os.environ['JUPYTERHUB_API_TOKEN'])"
         )
     ).strip()
-    narrow = token_for(ssh_hub, "kim", scopes=["access:servers!user=kim"])
+    narrow = token_for(ssh_hub, "amy", scopes=["access:servers!user=amy"])
     for who, token in (
         ("a wrong token", "0" * 32),
         ("another user's token", ben),
@@ -266,38 +272,35 @@ async def test_tokens_that_must_not_open_a_server_are_refused(ssh_hub):
         ("an empty password", ""),
     ):
         with pytest.raises(asyncssh.PermissionDenied):
-            await connect(ssh_hub, "kim", token)
+            await connect(ssh_hub, "amy", token)
             pytest.fail(f"{who} opened kim's server")
     # kim's own token still works
-    async with await connect(ssh_hub, "kim", amy) as conn:
+    async with await connect(ssh_hub, "amy", amy) as conn:
         assert (await conn.run("true")).exit_status == 0
 
 
-async def test_the_servers_endpoint_refuses_cookies_and_tokens_without_the_scope(ssh_hub):
+async def test_the_servers_endpoint_refuses_cookies_and_tokens_without_the_scope(ssh_hub, amy):
     """The gateway is not the only check: a page in a signed-in browser (cookies, no
     Authorization header) and the kernel's token get 403 from the server itself."""
-    ssh_hub.add_user("zoe", "zoe-password-1234")
-    session = ssh_hub.sign_in("zoe", "zoe-password-1234")
-    token_for(ssh_hub, "zoe")
-    ssh_hub.spawn("zoe", {"profile": "debug"})
+    session = ssh_hub.sign_in("amy", AMY_PASSWORD)
     kernel = (
         await execute(
-            ssh_hub.url, "zoe", ADMIN_TOKEN, "import os; print(os.environ['JUPYTERHUB_API_TOKEN'])"
+            ssh_hub.url, "amy", ADMIN_TOKEN, "import os; print(os.environ['JUPYTERHUB_API_TOKEN'])"
         )
     ).strip()
     # the browser's cookies for the server (set by visiting it)
-    session.get(f"{ssh_hub.url}/user/zoe/lab", timeout=60)
+    session.get(f"{ssh_hub.url}/user/amy/lab", timeout=60)
     cookie = "; ".join(f"{c.name}={c.value}" for c in session.cookies)
-    url = ssh_hub.url.replace("http", "ws", 1) + "/user/zoe/meterhub/ssh"
+    url = ssh_hub.url.replace("http", "ws", 1) + "/user/amy/meterhub/ssh"
     for headers in (
         {"Cookie": cookie},
         {"Authorization": f"token {kernel}"},
-        {"Authorization": f"token {token_for(ssh_hub, 'zoe', scopes=['access:servers!user=zoe'])}"},
+        {"Authorization": f"token {token_for(ssh_hub, 'amy', scopes=['access:servers!user=amy'])}"},
     ):
         with pytest.raises(HTTPClientError) as refused:
             await websocket_connect(HTTPRequest(url, headers=headers, request_timeout=30))
         assert refused.value.code == 403, headers
-    assert requests.get(f"{ssh_hub.url}/user/zoe/api/status", timeout=30).status_code in (302, 403)
+    assert requests.get(f"{ssh_hub.url}/user/amy/api/status", timeout=30).status_code in (302, 403)
 
 
 def test_the_gateway_is_a_service_of_the_hub_that_stops_with_it(ssh_hub):
@@ -315,23 +318,22 @@ def test_the_gateway_is_a_service_of_the_hub_that_stops_with_it(ssh_hub):
     assert sys.executable  # the gateway's processes end with the hub: see test_serve_console
 
 
-async def test_output_arrives_whole_and_a_vanished_client_ends_its_command(ssh_hub):
-    token = token_for(ssh_hub, "ola")
-    ssh_hub.spawn("ola", {"profile": "debug"})
-    async with await connect(ssh_hub, "ola", token) as conn:
+async def test_output_arrives_whole_and_a_vanished_client_ends_its_command(ssh_hub, amy):
+    token = amy
+    async with await connect(ssh_hub, "amy", token) as conn:
         # 16 MiB through the websocket and the gateway, paced by the client
         big = await conn.run("head -c 16777216 /dev/zero", encoding=None)
         assert big.exit_status == 0 and len(big.stdout) == 16 * 1024 * 1024
         pty = await conn.run("seq 1 200000", term_type="xterm")
         assert pty.stdout.split()[-1] == "200000"
     # a client that drops its connection mid-command: the command is hung up, as sshd does
-    dropped = await connect(ssh_hub, "ola", token)
+    dropped = await connect(ssh_hub, "amy", token)
     await dropped.create_process("sleep 307")
     await asyncio.sleep(1)
     dropped.abort()
 
     async def still_running() -> bool:
-        async with await connect(ssh_hub, "ola", token) as conn:
+        async with await connect(ssh_hub, "amy", token) as conn:
             found = await conn.run("pgrep -fx 'sleep 307' || true")
             return bool(found.stdout.strip())
 
@@ -398,26 +400,25 @@ async def test_the_server_never_holds_the_users_own_token(ssh_hub):
     until(lambda: not made_for_ssh(), "the connection's token to be deleted")
 
 
-async def test_closing_a_terminal_hangs_up_its_jobs_and_odd_requests_are_ignored(ssh_hub):
-    token = token_for(ssh_hub, "tom")
-    ssh_hub.spawn("tom", {"profile": "debug"})
+async def test_closing_a_terminal_hangs_up_its_jobs_and_odd_requests_are_ignored(ssh_hub, amy):
+    token = amy
     # a variable name that is no variable, and a terminal type that is no terminal: refused
     # quietly, the session runs
-    async with await connect(ssh_hub, "tom", token) as conn:
+    async with await connect(ssh_hub, "amy", token) as conn:
         odd = await conn.run(
             "echo ${LC_A:-unset} $TERM",
             env={"LC_A=B": "x", "LANGEVIL": "1"},
             term_type="xterm\x00evil",
         )
         assert odd.exit_status == 0 and odd.stdout.split() == ["unset", "xterm"]
-    dropped = await connect(ssh_hub, "tom", token)
+    dropped = await connect(ssh_hub, "amy", token)
     shell = await dropped.create_process(term_type="xterm")
     shell.stdin.write("sleep 613\n")  # the terminal's foreground job, a group of its own
     await asyncio.sleep(2)
     dropped.abort()
 
     async def running(pattern: str) -> bool:
-        async with await connect(ssh_hub, "tom", token) as conn:
+        async with await connect(ssh_hub, "amy", token) as conn:
             return bool((await conn.run(f"pgrep -fx '{pattern}' || true")).stdout.strip())
 
     for _ in range(60):
@@ -428,10 +429,9 @@ async def test_closing_a_terminal_hangs_up_its_jobs_and_odd_requests_are_ignored
         pytest.fail("the closed terminal's job still runs")
 
 
-async def test_the_servers_endpoint_ignores_control_messages_it_cannot_read(ssh_hub):
-    token = token_for(ssh_hub, "uma")
-    ssh_hub.spawn("uma", {"profile": "debug"})
-    url = ssh_hub.url.replace("http", "ws", 1) + "/user/uma/meterhub/ssh"
+async def test_the_servers_endpoint_ignores_control_messages_it_cannot_read(ssh_hub, amy):
+    token = amy
+    url = ssh_hub.url.replace("http", "ws", 1) + "/user/amy/meterhub/ssh"
     ws = await websocket_connect(
         HTTPRequest(url, headers={"Authorization": f"token {token}"}, request_timeout=30)
     )
