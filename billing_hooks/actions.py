@@ -304,26 +304,30 @@ def group_usage_csv(
     ledger: Ledger, group: str, since: int | None = None, until: int | None = None
 ) -> str:
     """A group's statement: every session its wallet paid for, with the member who ran it."""
+    return _usage_csv(ledger.currency, group_usage_rows(ledger, group, since, until), "member")
+
+
+def _usage_csv(currency: str, rows: list[tuple], *who: str) -> str:
+    """A usage CSV: a session a row, with `who` ran it (the member of a group statement)
+    between the session and its profile; times as ISO 8601, amounts as plain decimals."""
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\n")
     writer.writerow(
         [
             "session",
-            "member",
+            *who,
             "profile",
             "started_at",
             "stopped_at",
             "seconds",
-            f"cost_{ledger.currency}",
+            f"cost_{currency}",
             "environment",
         ]
     )
-    for sid, member, label, started, stopped, seconds, cost, environment in group_usage_rows(
-        ledger, group, since, until
-    ):
-        amount = format_money(cost, ledger.currency, symbol=False).split()[0]
+    for sid, *named, label, started, stopped, seconds, cost, environment in rows:
+        amount = format_money(cost, currency, symbol=False).split()[0]
         writer.writerow(
-            [sid, member, label, csv_time(started), csv_time(stopped), seconds, amount, environment]
+            [sid, *named, label, csv_time(started), csv_time(stopped), seconds, amount, environment]
         )
     return out.getvalue()
 
@@ -339,22 +343,4 @@ def usage_rows(ledger: Ledger, user: str) -> list[tuple]:
 
 def usage_csv(ledger: Ledger, user: str) -> str:
     """The usage export, the same from `meterhub usage --csv` and the Wallet page."""
-    out = io.StringIO()
-    writer = csv.writer(out, lineterminator="\n")
-    writer.writerow(
-        [
-            "session",
-            "profile",
-            "started_at",
-            "stopped_at",
-            "seconds",
-            f"cost_{ledger.currency}",
-            "environment",
-        ]
-    )
-    for sid, label, started, stopped, seconds, cost, environment in usage_rows(ledger, user):
-        amount = format_money(cost, ledger.currency, symbol=False).split()[0]
-        writer.writerow(
-            [sid, label, csv_time(started), csv_time(stopped), seconds, amount, environment]
-        )
-    return out.getvalue()
+    return _usage_csv(ledger.currency, usage_rows(ledger, user))

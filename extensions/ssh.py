@@ -31,6 +31,7 @@ import struct
 import termios
 import time
 
+from jupyter_server._tz import utcnow
 from jupyter_server.base.handlers import JupyterHandler
 from jupyter_server.base.websocket import WebSocketMixin
 from jupyter_server.utils import url_path_join
@@ -145,13 +146,13 @@ class SSHChannelHandler(WebSocketMixin, WebSocketHandler, JupyterHandler):
         if not token_may_ssh(hub_user, self.request.headers.get("Authorization", "")):
             raise web.HTTPError(403, f"the token needs the {SSH_SCOPE} scope")
         self.process: asyncio.subprocess.Process | None = None
+        self.pty = None  # a terminal's ptyprocess.PtyProcess
         self.pty_fd: int | None = None
         self.pid: int | None = None
-        self.kind = ""
         self.started = False
-        self.closed = asyncio.Event()
         self.writer: asyncio.StreamWriter | None = None
         self.tasks: list[asyncio.Task] = []
+        self.touched = 0.0
         await super().get(*args, **kwargs)
 
     def check_xsrf_cookie(self):
@@ -196,13 +197,12 @@ class SSHChannelHandler(WebSocketMixin, WebSocketHandler, JupyterHandler):
                     os.killpg(group, sig)
 
     def on_close(self):
-        self.closed.set()
         for task in self.tasks:
             task.cancel()
         if self.writer is not None:
             self.writer.close()
         if self.pid and self._running():
-            asyncio.ensure_future(_hang_up(self.pid, getattr(self, "pty", None)))
+            _keep(asyncio.ensure_future(_hang_up(self.pid, self.pty)))
         if self.pty_fd is not None:
             with contextlib.suppress(OSError, ValueError):
                 asyncio.get_running_loop().remove_reader(self.pty_fd)
@@ -215,8 +215,7 @@ class SSHChannelHandler(WebSocketMixin, WebSocketHandler, JupyterHandler):
         exited: its id may belong to another process by then)."""
         if self.process is not None:
             return self.process.returncode is None
-        pty = getattr(self, "pty", None)
-        return pty is not None and pty.isalive()
+        return self.pty is not None and self.pty.isalive()
 
     # ------------------------------------------------------------------ starting
 
@@ -224,7 +223,6 @@ class SSHChannelHandler(WebSocketMixin, WebSocketHandler, JupyterHandler):
         if not isinstance(request, dict):
             raise ValueError("the first message must be an object")
         kind = request.get("kind")
-        self.kind = str(kind)
         env = {**os.environ, **client_env(request.get("env"))}
         home = os.environ.get("HOME") or os.getcwd()
         if kind == "forward":
@@ -252,10 +250,13 @@ class SSHChannelHandler(WebSocketMixin, WebSocketHandler, JupyterHandler):
             env["TERM"] = terminal_type(pty.get("term"))
             await self._start_pty(argv, env, home, pty)
         else:
-            await self._start_pipes(argv, env, home)
+            # a command that runs is activity, output or not; a shell or SFTP is by its bytes
+            await self._start_pipes(argv, env, home, running_is_activity=kind == "exec")
         self._touch()
 
-    async def _start_pipes(self, argv: list[str], env: dict, home: str) -> None:
+    async def _start_pipes(
+        self, argv: list[str], env: dict, home: str, running_is_activity: bool
+    ) -> None:
         self.process = await asyncio.create_subprocess_exec(
             *argv,
             stdin=asyncio.subprocess.PIPE,
@@ -270,9 +271,9 @@ class SSHChannelHandler(WebSocketMixin, WebSocketHandler, JupyterHandler):
             asyncio.ensure_future(self._pump(self.process.stdout, STDOUT)),
             asyncio.ensure_future(self._pump(self.process.stderr, STDERR)),
         ]
-        if self.kind == "exec":
+        if running_is_activity:
             self.tasks.append(asyncio.ensure_future(self._running_is_activity()))
-        asyncio.ensure_future(self._exit_after_output())
+        self.tasks.append(asyncio.ensure_future(self._exit_after_output()))
 
     async def _start_pty(self, argv: list[str], env: dict, home: str, pty: dict) -> None:
         import ptyprocess
@@ -411,11 +412,9 @@ class SSHChannelHandler(WebSocketMixin, WebSocketHandler, JupyterHandler):
         self.tasks = [asyncio.ensure_future(relay())]
 
     def _touch(self) -> None:
-        from jupyter_server._tz import utcnow
-
         now = time.monotonic()
-        if now - getattr(self, "_touched", 0.0) >= 1:
-            self._touched = now
+        if now - self.touched >= 1:
+            self.touched = now
             self.application.settings[ACTIVITY_KEY] = utcnow()
 
 
@@ -442,6 +441,15 @@ async def _hang_up(sid: int, pty=None) -> None:
             os.killpg(sid, signal.SIGKILL)
     if pty is not None:  # a terminal's shell is this server's child: collect it
         await asyncio.to_thread(pty.wait)
+
+
+#: hang-ups started by closed channels, kept until done (the loop holds tasks weakly)
+_HANGING_UP: set[asyncio.Future] = set()
+
+
+def _keep(task: asyncio.Future) -> None:
+    _HANGING_UP.add(task)
+    task.add_done_callback(_HANGING_UP.discard)
 
 
 def handlers(base_url: str) -> list[tuple]:

@@ -38,6 +38,7 @@ from .config import (
     ConfigError,
     apply_config,
     apply_config_d,
+    billing_api,
     billing_host,
     demo_pool_dir,
     template_vars,
@@ -424,11 +425,15 @@ def local_address(ip: str) -> str:
     return "127.0.0.1" if ip in ("", "0.0.0.0") else "::1" if ip == "::" else ip
 
 
-def public_base(site: dict, ip: str, port: int) -> str:
-    """The hub's address as people open it (messages point there)."""
+def public_host(ip: str) -> str:
+    """The hub's host as people reach it: its address, or this machine's name when it
+    listens on all of them."""
+    return socket.getfqdn() if ip in ("", "0.0.0.0", "::") else ip
+
+
+def _url(site: dict, host: str, port: int) -> str:
     scheme = "https" if site.get("https") else "http"
-    host = socket.getfqdn() if ip in ("", "0.0.0.0", "::") else ip
-    return f"{scheme}://{host}:{port}"
+    return f"{scheme}://{f'[{host}]' if ':' in host else host}:{port}"
 
 
 def ssh_service(site: dict, config_path: str | None, ip: str, port: int) -> tuple[list, list]:
@@ -441,21 +446,16 @@ def ssh_service(site: dict, config_path: str | None, ip: str, port: int) -> tupl
     command = [sys.executable, "-m", "meterhub.hub.cli", "ssh", "serve"]
     if config_path:
         command += ["--config", os.path.abspath(config_path)]
-    scheme = "https" if site.get("https") else "http"
-    host = local_address(ip)
-    server_url = f"{scheme}://{f'[{host}]' if ':' in host else host}:{port}"
     service = {
         "name": SSH_SERVICE,
         "command": command,
         "cwd": os.getcwd(),
         "environment": {
             "PYTHONUNBUFFERED": "1",
-            SERVER_URL_ENV: server_url,
-            PUBLIC_URL_ENV: public_base(site, ip, port),
+            SERVER_URL_ENV: _url(site, local_address(ip), port),
+            PUBLIC_URL_ENV: _url(site, public_host(ip), port),
             IP_ENV: ip,
-            BILLING_URL_ENV: (
-                f"http://{billing_host(site)}:{site['hub']['billing_port']}/services/billing/api/v1"
-            ),
+            BILLING_URL_ENV: billing_api(site),
         },
         "display": False,
     }
@@ -471,13 +471,13 @@ def ssh_service(site: dict, config_path: str | None, ip: str, port: int) -> tupl
 
 def ssh_line(site: dict, ip: str, port: int) -> str:
     """How people reach their running servers over SSH, for the console."""
-    host = public_base(site, ip, port).split("://", 1)[1].rsplit(":", 1)[0]
+    host = public_host(ip)
     return "meterhub: " + _(
         "SSH into a running server: ssh -p %(port)s USER@%(host)s, with a token from"
         " %(url)s/hub/token as the password",
         port=site["ssh"]["port"],
         host=host,
-        url=public_base(site, ip, port),
+        url=_url(site, host, port),
     )
 
 

@@ -589,10 +589,10 @@ def apply_spawner_config(site: dict, c: Config) -> Config:
         apply_slurm(site, c)
     else:
         c.JupyterHub.spawner_class = "meterhub.spawner.local.LocalGPUSpawner"
-        billing_api = f"http://127.0.0.1:{site['hub']['billing_port']}/services/billing/api/v1"
-        c.Spawner.environment = {"METERHUB_BILLING_URL": billing_api}
+        c.Spawner.environment = {"METERHUB_BILLING_URL": billing_api(site)}
     data_dir = site["data_dir"]
     c.LocalGPUSpawner.data_dir = data_dir
+    c.LocalGPUSpawner.envs_dir = envs_dir(site)
     c.LocalGPUSpawner.pool_dir = site.get("public_dir") or demo_pool_dir(site)
     if "gpus" in site:
         c.LocalGPUSpawner.gpus = [{"type": g["type"], "count": g["count"]} for g in site["gpus"]]
@@ -723,6 +723,19 @@ def apply_idle(site: dict, c: Config) -> Config:
     return c
 
 
+def billing_api(site: dict) -> str:
+    """The billing REST API as servers and the hub's services reach it."""
+    return f"http://{billing_host(site)}:{site['hub']['billing_port']}/services/billing/api/v1"
+
+
+def envs_dir(site: dict) -> str:
+    """Where `meterhub env build` puts the environments and the backend runs them from:
+    `slurm.envs_dir` (on the nodes' shared filesystem) on Slurm, else `data_dir/envs`."""
+    if site["backend"] == "slurm" and (site.get("slurm") or {}).get("envs_dir"):
+        return site["slurm"]["envs_dir"]
+    return os.path.join(site["data_dir"], "envs")
+
+
 def billing_host(site: dict) -> str:
     """Where the billing service listens and servers reach it: the nodes' way to the hub
     on Slurm, this machine otherwise."""
@@ -745,7 +758,7 @@ def apply_slurm(site: dict, c: Config) -> Config:
     s.poll_interval = slurm["poll_interval_seconds"]
     if "env_prefix" in slurm:
         s.server_env_prefix = slurm["env_prefix"]
-    s.envs_dir = slurm.get("envs_dir") or os.path.join(site["data_dir"], "envs")
+    s.envs_dir = envs_dir(site)
     # the pool on the shared filesystem; the demo pool lives in the hub's private data_dir
     s.pool_dir = site.get("public_dir") or ""
     s.disk_mount_path = site["local"]["disk_mount_path"]
@@ -754,9 +767,7 @@ def apply_slurm(site: dict, c: Config) -> Config:
     # jobs on other nodes reach the hub's API and the billing service at hub_host
     c.JupyterHub.hub_ip = host
     c.JupyterHub.hub_connect_ip = host
-    s.environment = {
-        "METERHUB_BILLING_URL": f"http://{host}:{site['hub']['billing_port']}/services/billing/api/v1"
-    }
+    s.environment = {"METERHUB_BILLING_URL": billing_api(site)}
     if "pass_capacity" in slurm:
         c.BillingSettings.pass_capacity = dict(slurm["pass_capacity"])
     hooks.install_billing_hooks(s)

@@ -34,17 +34,12 @@ from meterhub.spawner.environments import (
 
 from . import pyinstall
 from .billing_cli import CliError
+from .config import envs_dir
 
 #: the uv bootstrapped where none is found (the Makefile's)
 UV_VERSION = "0.13.8"
 #: how much of a failed install's output is shown (its log keeps all of it)
 LOG_TAIL_LINES = 30
-
-
-def envs_dir(site: dict) -> str:
-    if site["backend"] == "slurm" and site["slurm"].get("envs_dir"):
-        return site["slurm"]["envs_dir"]
-    return os.path.join(site["data_dir"], "envs")
 
 
 def site_environments(site: dict) -> dict[str, Environment]:
@@ -151,8 +146,9 @@ def _uv() -> str | None:
 
 
 def build(site: dict, environment: Environment, out=print) -> str:
-    """Build `environment` and point its link at the build; the build folder. CliError, the
-    build left behind, when the install fails."""
+    """Build `environment` and point its link at the build; the build folder. CliError when
+    it cannot start (nothing written) or the install fails (the partial build removed, its
+    log kept)."""
     requirements = requirements_path(environment)
     if not os.path.isfile(requirements):
         raise CliError(
@@ -163,8 +159,6 @@ def build(site: dict, environment: Environment, out=print) -> str:
             )
         )
     root = envs_dir(site)
-    builds = os.path.join(root, BUILDS_DIR)
-    os.makedirs(builds, exist_ok=True)
     link = built_link(root, environment.slug)
     if os.path.exists(link) and not os.path.islink(link):
         raise CliError(
@@ -173,6 +167,8 @@ def build(site: dict, environment: Environment, out=print) -> str:
                 path=link,
             )
         )
+    builds = os.path.join(root, BUILDS_DIR)
+    os.makedirs(builds, exist_ok=True)
     stamp = datetime.datetime.now(datetime.UTC).strftime("%Y%m%dT%H%M%S")
     folder = os.path.join(builds, f"{environment.slug}-{stamp}")
     log_path = f"{folder}.log"

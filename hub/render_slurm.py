@@ -13,6 +13,7 @@ from tornado import web
 from traitlets.config import Config
 
 from meterhub.i18n import _
+from meterhub.spawner.options import ready_environment_prefix
 
 from .config import apply_spawner_config
 from .render_k8s import RenderError, _fake_user, refusal_text
@@ -65,6 +66,7 @@ def render(
     }
     try:
         spawner.choice = spawner.parse_options()
+        spawner.env_prefix = ready_environment_prefix(spawner, spawner.choice)
     except web.HTTPError as e:
         raise RenderError(refusal_text(e)) from None
     if credit is not None:
@@ -83,7 +85,4 @@ def render(
         )
     from meterhub.spawner.slurm import job_script
 
-    try:
-        return job_script(spawner.job_spec(spawner.choice, spawner.get_env()))
-    except web.HTTPError as e:  # an environment that is not built
-        raise RenderError(refusal_text(e)) from None
+    return job_script(spawner.job_spec(spawner.choice, spawner.get_env()))

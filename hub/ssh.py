@@ -158,8 +158,8 @@ class LoginLimits:
                 self._recent(old, time.monotonic() if now is None else now)
 
     def connect(self, address: str) -> bool:
-        """Whether a new connection may wait for its login (then `authenticated` or
-        `gone` ends its wait)."""
+        """Whether a new connection may wait for its login (then `settled` ends its wait:
+        it logged in, or it is gone)."""
         if sum(self.pending.values()) >= self.pending_limit:
             return False
         if self.pending[address] >= self.pending_per_address:
@@ -184,28 +184,34 @@ class Gateway:
 
     # ------------------------------------------------------------------ the hub
 
-    async def _get(self, url: str, token: str) -> dict | None:
-        """GET a JSON document with `token`; None on 401/403/404."""
+    async def _call(
+        self, url: str, token: str, method: str = "GET", body: dict | None = None
+    ) -> dict | None:
+        """A call to the hub (or the billing API) with `token`: its JSON answer, {} for
+        none (204), None when it is refused (400: asks for more than its owner has, 401,
+        403) or there is nothing (404)."""
         try:
             response = await self.http.fetch(
                 HTTPRequest(
                     url,
+                    method=method,
                     headers={"Authorization": f"token {token}"},
+                    body=None if body is None else json.dumps(body),
                     request_timeout=HTTP_TIMEOUT_SECONDS,
                     connect_timeout=HTTP_TIMEOUT_SECONDS,
                 )
             )
         except HTTPClientError as e:
-            if e.code in (401, 403, 404):
+            if e.code in (400, 401, 403, 404):
                 return None
             raise
-        return json.loads(response.body)
+        return json.loads(response.body) if response.body else {}
 
     async def authenticate(self, user: str, token: str) -> bool:
         """Whether `token` may reach `user`'s server over SSH (its scopes decide)."""
         if not token or len(token) > 512:
             return False
-        model = await self._get(f"{self.settings.hub_api}/user", token)
+        model = await self._call(f"{self.settings.hub_api}/user", token)
         if model is None:
             return False
         account = await self.user_model(user)
@@ -219,43 +225,25 @@ class Gateway:
         Anything a server is sent can be read by code running in it; the user's own token
         (which may start servers and spend credit) must never be. A token that cannot make
         tokens (no `tokens` scope: already a narrow one) is passed on as it is."""
+        tokens = f"{self.settings.hub_api}/users/{quote(user, safe='')}/tokens"
         body = {
             "note": note,
             "scopes": [f"access:servers!server={user}/", f"{SSH_SCOPE}!user={user}"],
             "expires_in": SERVER_TOKEN_SECONDS,
         }
-        try:
-            response = await self.http.fetch(
-                HTTPRequest(
-                    f"{self.settings.hub_api}/users/{quote(user, safe='')}/tokens",
-                    method="POST",
-                    headers={"Authorization": f"token {token}"},
-                    body=json.dumps(body),
-                    request_timeout=HTTP_TIMEOUT_SECONDS,
-                    connect_timeout=HTTP_TIMEOUT_SECONDS,
-                )
-            )
-        except HTTPClientError as e:
-            if e.code in (400, 403):
-                return token, None
-            raise
-        made = json.loads(response.body)
+        made = await self._call(tokens, token, "POST", body)
+        if made is None:
+            return token, None
         return made["token"], made["id"]
 
     async def delete_token(self, user: str, token: str, token_id: str) -> None:
+        tokens = f"{self.settings.hub_api}/users/{quote(user, safe='')}/tokens"
         with contextlib.suppress(Exception):
-            await self.http.fetch(
-                HTTPRequest(
-                    f"{self.settings.hub_api}/users/{quote(user, safe='')}/tokens/{token_id}",
-                    method="DELETE",
-                    headers={"Authorization": f"token {token}"},
-                    request_timeout=HTTP_TIMEOUT_SECONDS,
-                )
-            )
+            await self._call(f"{tokens}/{token_id}", token, "DELETE")
 
     async def user_model(self, user: str) -> dict | None:
         """The user's groups and servers, as this service may read them."""
-        model = await self._get(
+        model = await self._call(
             f"{self.settings.hub_api}/users/{quote(user, safe='')}", self.settings.service_token
         )
         if model is None:
@@ -273,8 +261,8 @@ class Gateway:
         cost = ""
         if self.settings.billing_api:
             with contextlib.suppress(Exception):
-                wallet = await self._get(f"{self.settings.billing_api}/wallet", token)
-                listed = await self._get(f"{self.settings.billing_api}/prices", token)
+                wallet = await self._call(f"{self.settings.billing_api}/wallet", token)
+                listed = await self._call(f"{self.settings.billing_api}/prices", token)
                 if wallet and listed:
                     cost = " " + costs_phrase(listed, wallet)
         return (

@@ -48,7 +48,6 @@ from .options import (
     FolderEnvironments,
     SharedGroup,
     group_names,
-    ready_environment_prefix,
     shared_folder_groups,
 )
 from .sandbox import SandboxSpec, bwrap_command, bwrap_works
@@ -874,13 +873,6 @@ class LocalGPUSpawner(FolderEnvironments, LocalProcessSpawner):
     def _default_envs_dir(self):
         return os.path.join(self.data_dir, "envs")
 
-    #: the Python environment the current (or last) start runs from
-    env_prefix = Unicode()
-
-    @default("env_prefix")
-    def _default_env_prefix(self):
-        return self.server_env_prefix
-
     stop_grace_seconds = Int(
         30,
         min=0,
@@ -1027,7 +1019,7 @@ class LocalGPUSpawner(FolderEnvironments, LocalProcessSpawner):
         started = time.monotonic()
         choice = self.parse_options()
         self.choice = choice
-        self.env_prefix = await asyncio.to_thread(ready_environment_prefix, self, choice)
+        await self.resolve_environment(choice)
         self._events = []
         why_not = await asyncio.to_thread(bwrap_works) if self.sandbox != "off" else ""
         sandboxed = self.sandbox == "bwrap" or (self.sandbox == "auto" and not why_not)
@@ -1680,9 +1672,9 @@ async def _options_form(spawner: LocalGPUSpawner) -> str:
     availability = await asyncio.to_thread(
         spawner.allocator.availability, spawner.user.name, reserved
     )
+    environments = await asyncio.to_thread(
+        environment_options, spawner.catalog, spawner.environment_refusal
+    )
     return render_options_form(
-        spawner.catalog,
-        availability,
-        groups=group_names(spawner.user),
-        environments=environment_options(spawner.catalog, spawner.environment_refusal),
+        spawner.catalog, availability, groups=group_names(spawner.user), environments=environments
     )

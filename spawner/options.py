@@ -9,12 +9,13 @@ showed: HTTP 400 for a malformed choice, 403 for one the user's groups may not u
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import re
 from dataclasses import dataclass
 
 from tornado import web
-from traitlets import Instance, default
+from traitlets import Instance, Unicode, default
 from traitlets.config import LoggingConfigurable
 
 from meterhub.i18n import _
@@ -142,7 +143,18 @@ class CatalogOptions(LoggingConfigurable):
 
 class FolderEnvironments(CatalogOptions):
     """For backends that run environments from folders (local, Slurm): the spawner has
-    `envs_dir` and `server_env_prefix`."""
+    `envs_dir` and `server_env_prefix`; a start resolves its choice's environment once,
+    into `env_prefix`, and runs from that."""
+
+    #: the Python environment the current (or last) start runs from
+    env_prefix = Unicode()
+
+    @default("env_prefix")
+    def _default_env_prefix(self):
+        return self.server_env_prefix
+
+    async def resolve_environment(self, choice: Choice) -> None:
+        self.env_prefix = await asyncio.to_thread(ready_environment_prefix, self, choice)
 
     def check_ready(self, choice: Choice) -> None:
         ready_environment_prefix(self, choice)
@@ -166,7 +178,8 @@ def ready_environment_prefix(spawner, choice: Choice) -> str:
         raise web.HTTPError(409, "%s", e, reason="Environment not built") from None
 
 
-def _apply_catalog_options(spawner: CatalogOptions, user_options: dict) -> None:
-    """Check user options before billing or any allocation (start() checks again)."""
+async def _apply_catalog_options(spawner: CatalogOptions, user_options: dict) -> None:
+    """Check user options before billing or any allocation (start() checks again); whether
+    the backend can start the choice now looks at files, off the event loop."""
     spawner.choice = spawner.parse_options()
-    spawner.check_ready(spawner.choice)
+    await asyncio.to_thread(spawner.check_ready, spawner.choice)

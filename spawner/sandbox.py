@@ -47,6 +47,16 @@ def _inside(path: str, parent: str) -> bool:
     return path == parent or path.startswith(parent.rstrip("/") + "/")
 
 
+def _ro_bind_with_parents(path: str) -> list[str]:
+    """`path` bound read-only at itself, its parents made first as bwrap would not: 0755,
+    traversable by the user (bwrap makes them 0700 root)."""
+    parts = path.strip("/").split("/")[:-1]
+    args = []
+    for i in range(1, len(parts) + 1):
+        args += ["--perms", "0755", "--dir", "/" + "/".join(parts[:i])]
+    return [*args, "--ro-bind", path, path]
+
+
 def bwrap_command(spec: SandboxSpec, command: list[str], bwrap: str = "bwrap") -> list[str]:
     args = [bwrap, "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--hostname", "meterhub"]
     bound: list[str] = []
@@ -72,11 +82,7 @@ def bwrap_command(spec: SandboxSpec, command: list[str], bwrap: str = "bwrap") -
     # after the private /tmp, /home, ...: the environment may live below one of them
     for path in spec.ro_paths:
         if not any(_inside(path, b) for b in bound):
-            # parents bwrap would create as 0700 root: make them traversable by the user
-            parts = path.strip("/").split("/")[:-1]
-            for i in range(1, len(parts) + 1):
-                args += ["--perms", "0755", "--dir", "/" + "/".join(parts[:i])]
-            args += ["--ro-bind", path, path]
+            args += _ro_bind_with_parents(path)
             bound.append(path)
     covered = [path for path in spec.hidden if any(_inside(path, b) for b in bound)]
     for path in covered:
@@ -85,10 +91,7 @@ def bwrap_command(spec: SandboxSpec, command: list[str], bwrap: str = "bwrap") -
     # directory lies below a bound one, /opt say) is bound again over the tmpfs
     for path in spec.ro_paths:
         if any(_inside(path, h) for h in covered):
-            parts = path.strip("/").split("/")[:-1]
-            for i in range(1, len(parts) + 1):
-                args += ["--perms", "0755", "--dir", "/" + "/".join(parts[:i])]
-            args += ["--ro-bind", path, path]
+            args += _ro_bind_with_parents(path)
     args += ["--bind", spec.disk, spec.disk_mount]
     for host_path, inside in spec.rw_binds:
         args += ["--bind", host_path, inside]

@@ -43,7 +43,7 @@ from .local import (
     server_user_env,
     starter_notebooks,
 )
-from .options import FolderEnvironments, ready_environment_prefix
+from .options import FolderEnvironments
 from .sandbox import SandboxSpec, bwrap_command
 
 #: what a site may write in `slurm.user_map`
@@ -370,12 +370,6 @@ class SlurmGPUSpawner(FolderEnvironments, SlurmSpawner):
     def _default_envs_dir(self):
         return os.path.join(os.path.dirname(os.path.abspath(self.home_root)), "envs")
 
-    def env_prefix_for(self, choice: Choice | None) -> str:
-        """The environment a job of `choice` runs from (a 409 when it is not built)."""
-        if choice is None:
-            return self.server_env_prefix
-        return ready_environment_prefix(self, choice)
-
     max_time_minutes = Int(
         0,
         help="The longest time limit a job gets, in minutes (0: only the credit limits it).",
@@ -443,7 +437,7 @@ class SlurmGPUSpawner(FolderEnvironments, SlurmSpawner):
         ]
 
     def job_spec(self, choice: Choice, env: dict[str, str]) -> JobSpec:
-        env_prefix = self.env_prefix_for(choice)
+        env_prefix = self.env_prefix  # resolved by the start (or the offline render)
         return JobSpec(
             user=self.user.name,
             choice=choice,
@@ -465,9 +459,7 @@ class SlurmGPUSpawner(FolderEnvironments, SlurmSpawner):
         )
 
     def user_env(self, env):
-        return server_user_env(
-            env, self.cluster_account, self.disk_mount_path, self.env_prefix_for(self.choice)
-        )
+        return server_user_env(env, self.cluster_account, self.disk_mount_path, self.env_prefix)
 
     def get_env(self):
         env = super().get_env()
@@ -623,6 +615,7 @@ class SlurmGPUSpawner(FolderEnvironments, SlurmSpawner):
     async def start(self):
         choice = self.parse_options()
         self.choice = choice
+        await self.resolve_environment(choice)
         try:
             account = self.cluster_account
             self._submit_prefix = await asyncio.to_thread(self.submit_prefix)

@@ -147,6 +147,21 @@ class HubProcess:
                 except ProcessLookupError:
                     pass
 
+    def service_pids(self, *words: bytes) -> list[int]:
+        """This hub's managed services whose command line has `words` (b"billing",
+        b"service"; b"ssh", b"serve"): they name its config file."""
+        found = []
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit():
+                continue
+            try:
+                argv = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if str(self.config_path).encode() in argv and all(w in argv for w in words):
+                found.append(int(entry))
+        return found
+
     # -- REST API
     def api(self, method: str, path: str, token: str = ADMIN_TOKEN, **kwargs) -> requests.Response:
         headers = {"Authorization": f"token {token}", **kwargs.pop("headers", {})}

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import signal
-from pathlib import Path
 
 from meterhub.billing_hooks.db import connect
 from meterhub.billing_hooks.ledger import Ledger
@@ -18,19 +17,6 @@ from meterhub.billing_hooks.orm import Entry, MeteredSession
 from .hubprocess import until
 
 RATE = to_micros("36.00")
-
-
-def billing_service_pids(hub) -> list[int]:
-    pids = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                cmdline = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
-            except OSError:
-                continue
-            if b"service" in cmdline and str(hub.config_path).encode() in cmdline:
-                pids.append(int(entry))
-    return pids
 
 
 def charges(ledger) -> int:
@@ -52,15 +38,18 @@ def test_killing_the_meter_and_the_hub_loses_and_doubles_nothing(hub_factory):
     until(lambda: charges(ledger) >= 2, "the meter to charge")
 
     # 1. the meter dies mid-run; the hub starts it again
-    (meter,) = until(lambda: billing_service_pids(hub), "the billing service")
+    (meter,) = until(lambda: hub.service_pids(b"billing", b"service"), "the billing service")
     os.kill(meter, signal.SIGKILL)
-    until(lambda: (p := billing_service_pids(hub)) and p != [meter], "a new billing service")
+    until(
+        lambda: (p := hub.service_pids(b"billing", b"service")) and p != [meter],
+        "a new billing service",
+    )
     seen = charges(ledger)
     until(lambda: charges(ledger) > seen + 1, "the new meter to charge")
 
     # 2. the hub dies without any cleanup; its meter goes with it; the server runs on
     hub.stop(signal.SIGKILL)
-    until(lambda: not billing_service_pids(hub), "the orphaned meter to exit")
+    until(lambda: not hub.service_pids(b"billing", b"service"), "the orphaned meter to exit")
     hub.start()
     assert hub.server("kit")["ready"], "the server kept running through the hub crash"
     seen = charges(ledger)

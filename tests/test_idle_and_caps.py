@@ -100,6 +100,31 @@ async def test_idle_debug_falls_back_to_debug_mode_paid_by_the_same_wallet():
     assert len(ledger.restarts("cy")) == 1
 
 
+async def test_a_debug_mode_restart_asks_for_the_environment_the_server_ran():
+    """The hub then starts it in that environment where debug mode can run it
+    (hub/restarts.py's debug_options: a GPU-only one falls back to the default)."""
+    from meterhub.hub.restarts import debug_options
+
+    ledger, clock, hub, meter = setup(on_idle="debug")
+    start(ledger, hub, "dee", environment="minimal")
+    start(ledger, hub, "eli", environment="vllm")
+    await run(clock, meter, 30 * 60)
+    (minimal,) = ledger.restarts("dee")
+    assert json.loads(minimal.options)["environment"] == "minimal"
+    (vllm,) = ledger.restarts("eli")
+    assert json.loads(vllm.options)["environment"] == "vllm"
+    spawner = type("Spawner", (), {"catalog": Catalog(), "_log_name": "eli"})()
+    assert json.loads(debug_options(spawner, minimal.options))["environment"] == "minimal"
+    assert json.loads(debug_options(spawner, vllm.options)) == {
+        "profile": "debug",
+        "wallet": "user:eli",
+    }
+    gone = type(
+        "Spawner", (), {"catalog": Catalog(environments=[{"slug": "pytorch"}]), "_log_name": "dee"}
+    )()
+    assert "environment" not in json.loads(debug_options(gone, minimal.options))
+
+
 async def test_debug_mode_idles_on_its_own_timeout_and_never_falls_back():
     ledger, clock, hub, meter = setup(on_idle="debug")
     start(ledger, hub, "di", profile="debug", gpus=0, rate=DEBUG)

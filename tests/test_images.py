@@ -94,7 +94,7 @@ def test_image_requirements_resolve_together(requirements):
         assert resolved[name].split("+")[0] == version, (name, resolved[name])
 
 
-@pytest.mark.parametrize("image", ["singleuser-cpu", "singleuser-cuda"])
+@pytest.mark.parametrize("image", ["singleuser-cpu", "singleuser-cuda", "singleuser-envs"])
 def test_images_install_meterhub_and_ship_the_notebooks(image):
     dockerfile = (IMAGES / image / "Dockerfile").read_text()
     assert "RUN pip install --no-deps /tmp/meterhub" in dockerfile
@@ -205,7 +205,10 @@ def dockerfile_problems(text: str, tracked: list[str], needed: list[str] = ()) -
             image = next(w for w in words if not w.startswith("--"))
             if "AS" in (w.upper() for w in words):
                 stages.append(words[-1].lower())
-            elif not {":", "/", "@"} & set(image) and image.lower() not in stages:
+            elif (
+                not {":", "/", "@", "$"} & set(image)  # `$`: an ARG names an outside image
+                and image.lower() not in stages
+            ):
                 problems.append(f"FROM {image}: no such stage above")
             continue
         if keyword not in ("COPY", "ADD"):
@@ -359,3 +362,29 @@ def test_the_hub_image_runs_the_charts_jupyterhub():
     # meterhub's own `jupyterhub==6.x` must not reach pip: it would replace the chart's
     assert "pip install --no-cache-dir -r /tmp/req/hub/requirements.txt" in text
     assert "pip install --no-cache-dir --no-deps /tmp/meterhub" in text
+
+
+def test_every_built_in_environments_image_is_built_by_the_environments_dockerfile():
+    """One Dockerfile for the environments other than pytorch, chosen by `--build-arg ENV`:
+    each built-in environment with an image of its own has its build command there and its
+    branch in install-env, and installs its own pinned file."""
+    from meterhub.spawner.environments import BUILTIN_ENVIRONMENTS
+
+    dockerfile = (IMAGES / "singleuser-envs" / "Dockerfile").read_text()
+    install = (IMAGES / "singleuser-envs" / "install-env").read_text()
+    branches = re.search(r"^case .*?^esac", install, re.M | re.S).group(0)
+    imaged = [e for e in BUILTIN_ENVIRONMENTS.values() if e.image]
+    assert {e.slug for e in imaged} == {"minimal", "deepspeed", "vllm"}
+    for environment in imaged:
+        name = environment.image.rsplit("/", 1)[1]  # singleuser-vllm:0.1.0
+        assert f"--build-arg ENV={environment.slug}" in dockerfile
+        assert f"meterhub/{name} ." in dockerfile, name
+        assert re.search(rf"(^|[ |]){environment.slug}[|)]", branches, re.M), environment.slug
+        assert (IMAGES / "envs" / environment.requirements).exists()
+    # an environment install-env does not know is refused, not built as another
+    refused = subprocess.run(
+        ["sh", str(IMAGES / "singleuser-envs" / "install-env"), "jax"],
+        capture_output=True,
+        text=True,
+    )
+    assert refused.returncode == 2 and "no image for the environment jax" in refused.stderr

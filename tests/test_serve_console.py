@@ -32,19 +32,6 @@ def alive(pid: int) -> bool:
     return state not in ("Z", "X")
 
 
-def billing_service_pids(config_path: Path) -> list[int]:
-    """The billing service of the hub with this site config (its command line names it)."""
-    found = []
-    for entry in os.listdir("/proc"):
-        try:
-            argv = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if b"billing" in argv and b"service" in argv and str(config_path).encode() in argv:
-            found.append(int(entry))
-    return found
-
-
 def lines(hub: HubProcess) -> list[str]:
     return hub.log_path.read_text(errors="replace").splitlines()
 
@@ -101,7 +88,7 @@ def test_sign_in_line_comes_last_and_one_sigterm_stops_everything(tmp_path, sigi
         assert password not in readme
 
         proxy = int((Path(hub.data_dir) / "jupyterhub-proxy.pid").read_text())
-        (billing,) = billing_service_pids(hub.config_path)
+        (billing,) = hub.service_pids(b"billing", b"service")
         assert alive(proxy) and alive(billing)
         # nothing came after the sign-in line while the test looked (its health polls ended)
         assert lines(hub)[-1] == sign_in, "\n".join(lines(hub)[at:])
@@ -115,7 +102,7 @@ def test_sign_in_line_comes_last_and_one_sigterm_stops_everything(tmp_path, sigi
         if hub.proc.poll() is None:  # an assertion failed before the stop
             hub.proc.kill()
             hub.proc.wait(timeout=30)
-        for pid in billing_service_pids(hub.config_path):
+        for pid in hub.service_pids(b"billing", b"service"):
             try:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:

@@ -11,7 +11,6 @@ import os
 import socket
 import stat
 import subprocess
-import sys
 from pathlib import Path
 
 import asyncssh
@@ -20,7 +19,7 @@ import requests
 from tornado.httpclient import HTTPClientError, HTTPRequest
 from tornado.websocket import websocket_connect
 
-from meterhub.hub.ssh import LoginLimits, may_ssh
+from meterhub.hub.ssh import LoginLimits, ensure_host_key, may_ssh
 
 from .hubprocess import ADMIN_TOKEN, free_port, until
 from .jupyter import execute
@@ -303,8 +302,8 @@ async def test_the_servers_endpoint_refuses_cookies_and_tokens_without_the_scope
     assert requests.get(f"{ssh_hub.url}/user/amy/api/status", timeout=30).status_code in (302, 403)
 
 
-def test_the_gateway_is_a_service_of_the_hub_that_stops_with_it(ssh_hub):
-    """`meterhub serve` runs it (site config `ssh`), with a host key made once and kept."""
+def test_the_host_key_is_made_once_kept_and_served(ssh_hub):
+    """`meterhub serve` runs the gateway (site config `ssh`) with a host key of its own."""
     key = Path(ssh_hub.data_dir) / "ssh_host_ed25519_key"
     assert key.exists() and stat.S_IMODE(key.stat().st_mode) == 0o600
     scan = subprocess.run(
@@ -315,7 +314,20 @@ def test_the_gateway_is_a_service_of_the_hub_that_stops_with_it(ssh_hub):
     )
     public = Path(f"{key}.pub").read_text().split()[1]
     assert public in scan.stdout
-    assert sys.executable  # the gateway's processes end with the hub: see test_serve_console
+    before = key.read_bytes()
+    assert ensure_host_key(str(key)) == str(key) and key.read_bytes() == before  # kept
+
+
+def test_the_gateway_stops_with_the_hub(hub_factory):
+    port = free_port()
+    hub = hub_factory({"ssh": {"enabled": True, "port": port}}, name="ssh-stop")
+    until(lambda: _listening(port), "the SSH front door to listen")
+    hub.stop()  # SIGTERM, as systemd or Ctrl-C stops `meterhub serve`
+
+    until(
+        lambda: not hub.service_pids(b"ssh", b"serve") and not _listening(port),
+        "the gateway to stop with the hub",
+    )
 
 
 async def test_output_arrives_whole_and_a_vanished_client_ends_its_command(ssh_hub, amy):

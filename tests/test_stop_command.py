@@ -45,19 +45,6 @@ def alive(pid: int) -> bool:
     return state not in ("Z", "X")
 
 
-def billing_service_pids(hub) -> list[int]:
-    """The hub's billing service: its command line names the hub's config."""
-    found = []
-    for entry in os.listdir("/proc"):
-        try:
-            argv = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if b"billing" in argv and b"service" in argv and str(hub.config_path).encode() in argv:
-            found.append(int(entry))
-    return found
-
-
 @pytest.fixture(scope="module")
 def stoppable(hub_factory):
     return hub_factory(SITE, name="stoppable")
@@ -76,7 +63,7 @@ def test_stop_leaves_servers_running_and_the_next_hub_adopts_them(stoppable, mon
     assert pid_file.read_text() == f"{hub.proc.pid}\n"
     assert stat.S_IMODE(pid_file.stat().st_mode) == 0o600
     proxy = int((Path(hub.data_dir) / "jupyterhub-proxy.pid").read_text())
-    (billing,) = billing_service_pids(hub)
+    (billing,) = hub.service_pids(b"billing", b"service")
     assert alive(proxy) and alive(billing)
 
     # a second hub on the same data directory is refused before it starts anything
@@ -134,7 +121,7 @@ def test_stop_servers_stops_them_and_bills_exactly_to_their_stop(stoppable):
     assert "users' servers: 1 stopped with the hub" in lines
     assert lines[-1] == "billing: no session left open"
     assert not group_has_live_members(server_pid)
-    assert not alive(proxy) and billing_service_pids(hub) == []
+    assert not alive(proxy) and hub.service_pids(b"billing", b"service") == []
     assert not (Path(hub.data_dir) / "meterhub-stop-servers").exists()
 
     with ledger.begin() as db:

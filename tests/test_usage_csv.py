@@ -40,7 +40,7 @@ def a_month_of_use():
     ledger.create_group("lab", "cli:root")
     ledger.grant("group:lab", 20 * MICROS, "grant:lab", "", "cli:root")
     paid = ledger.open_session(
-        "amy", "g", "debug", 0, to_micros("0.10"), 60, wallet="group:lab"
+        "amy", "g", "debug", 0, to_micros("0.10"), 60, wallet="group:lab", environment="minimal"
     ).session_id
     ledger.mark_ready(paid)
     clock.advance(60)
@@ -58,6 +58,8 @@ def test_a_users_usage_csv_has_iso_times_with_their_offset():
         seconds=90
     )
     assert got[running]["stopped_at"] == ""  # still running: no stop yet
+    # what each ran: none recorded (a session from before environments) reads empty
+    assert (first["environment"], got[running]["environment"]) == ("", "")
     moment(got[running]["started_at"])
     for row in got.values():
         assert not row["started_at"].isdigit()
@@ -67,6 +69,8 @@ def test_a_groups_statement_csv_has_iso_times_with_their_offset():
     ledger, _clock, _closed, _running = a_month_of_use()
     (row,) = rows(actions.group_usage_csv(ledger, "lab"))
     assert row["member"] == "amy" and row["profile"] == "debug"
+    assert row["environment"] == "minimal"
+    assert list(row)[-1] == "environment"  # after the columns scripts read by position
     assert moment(row["started_at"]) == datetime.datetime(
         2026, 12, 4, 18, 21, 30, tzinfo=datetime.UTC
     )
