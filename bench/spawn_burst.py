@@ -15,8 +15,9 @@ the N spawn requests at once from N threads and ends when every server is ready 
 CPU seconds are utime+stime from /proc/PID/stat of the hub (meterhub: + its billing service)
 over the burst; the single-user servers and the proxy are not counted (the proxy's is shown).
 Time to ready: from a user's spawn request to its route in the proxy (polled from the
-proxy's API every 0.1 s, which costs the hubs nothing); the hub's REST API is asked every 2 s
-which servers failed.
+proxy's API every 0.1 s, which costs the hubs nothing). Failed servers are read from the
+hub's log, so neither hub is asked anything during the burst; after it, the REST API says
+which servers are ready.
 
 Experiments (bench-only patches in meterhub's `jupyterhub_config.d`, not meterhub's code):
 `--fast-probe` (the liveness probe reads the group leader before scanning /proc) and
@@ -34,6 +35,7 @@ import argparse
 import os
 import re
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -97,6 +99,30 @@ async def _sleep(seconds, *args, **kwargs):
 _local.asyncio = _types.SimpleNamespace(**{**vars(_asyncio), "sleep": _sleep})
 """
 
+#: `--yappi`, a measuring aid (not meterhub's code): each hub runs yappi on CPU time, in all
+#: its threads; the first SIGUSR2 clears the counts, the next saves them (pstats) to `{out}`
+#: (JupyterHub keeps SIGUSR1 for its own status report)
+YAPPI = """
+import signal as _signal
+
+import yappi as _yappi
+
+_yappi.set_clock_type("cpu")
+_yappi.start(builtins=True, profile_threads=True)
+_yappi_window = []
+
+
+def _yappi_mark(*_args):
+    if _yappi_window:
+        _yappi.get_func_stats().save({out!r}, type="pstat")
+    else:
+        _yappi.clear_stats()
+    _yappi_window.append(1)
+
+
+_signal.signal(_signal.SIGUSR2, _yappi_mark)
+"""
+
 MOCKSU = """#!{python}
 # jupyterhub.tests.mocksu from the benchmark's environment, under a Python every uid can run
 import sys
@@ -137,9 +163,9 @@ class MeterHub(HubProcess):
 
 
 class StockMocksu(StockHub):
-    def __init__(self, workdir: Path, script: Path, users: int):
+    def __init__(self, workdir: Path, script: Path, users: int, experiments: str = ""):
         super().__init__(workdir, {})
-        self.script, self.users = script, users
+        self.script, self.users, self.experiments = script, users, experiments
 
     def command(self) -> list[str]:
         command = super().command()
@@ -148,6 +174,7 @@ class StockMocksu(StockHub):
             config.read_text()
             + COMMON_CONFIG.format(timeout=TIMEOUT_SECONDS, users=self.users)
             + f"c.Spawner.cmd = [{str(self.script)!r}]\n"
+            + self.experiments
         )
         return command
 
@@ -200,8 +227,45 @@ def proxy_routes(pid: int, port: int):
 # ---------------------------------------------------------------- one burst
 
 
-def burst(hub: HubProcess, names: list[str], options: dict, counted: dict[str, int]) -> dict:
-    """Spawn every user at once; wait until each is ready or failed; stop them all."""
+class FailureLog:
+    """The users whose spawn failed, read from the hub's log (JupyterHub's own lines for a
+    failed start: "Error starting b7's server", "b7's server failed to start in",
+    "b7's server never showed up", ...), so that the hubs are asked nothing during the
+    burst: polling their REST API for failed servers cost the hub whose replies came first
+    (meterhub's, every 2 s from its 202s on) a second of CPU that the other did not spend.
+    A failure it misses ends the burst at its deadline instead."""
+
+    FAILED = re.compile(
+        r"(?:starting|waiting for) (\w+)'s server|(\w+)'s server (?:failed to start|never"
+        r" showed up)|Failed to add (\w+) to proxy"
+    )
+
+    def __init__(self, path: Path, names: list[str]):
+        self.path, self.offset, self.names = path, path.stat().st_size, set(names)
+        self.seen: set[str] = set()
+
+    def failed(self) -> set[str]:
+        with open(self.path, "rb") as f:
+            f.seek(self.offset)
+            chunk = f.read()
+        end = chunk.rfind(b"\n") + 1  # whole lines only; the rest next time
+        self.offset += end
+        for match in self.FAILED.finditer(chunk[:end].decode(errors="replace")):
+            self.seen |= {name for name in match.groups() if name in self.names}
+        return set(self.seen)
+
+
+def burst(
+    hub: HubProcess,
+    names: list[str],
+    options: dict,
+    counted: dict[str, int],
+    yappi_pid: int | None = None,
+    perf_out: Path | None = None,
+) -> dict:
+    """Spawn every user at once; wait until each is ready or failed; stop them all.
+    With `yappi_pid`, that hub's yappi counts only the burst (`--yappi`); with `perf_out`,
+    `perf record` samples the hub's CPU (all threads, C stacks) through the burst (`--perf`)."""
     proxy = find_child(hub.proc.pid, "configurable-http-proxy")
     routes = proxy_routes(proxy, hub.site["hub"]["proxy_api_port"])
     sent: dict[str, float] = {}
@@ -219,6 +283,13 @@ def burst(hub: HubProcess, names: list[str], options: dict, counted: dict[str, i
         )
         replies[name] = r.status_code
 
+    if yappi_pid:
+        os.kill(yappi_pid, signal.SIGUSR2)
+    perf = None
+    if perf_out:
+        command = ["perf", "record", "-F", "499", "-g", "-p", str(hub.proc.pid), "-o"]
+        perf = subprocess.Popen([*command, str(perf_out)], stderr=subprocess.DEVNULL)
+        time.sleep(1)
     before = {what: cpu_seconds(pid) for what, pid in counted.items()}
     proxy_before = cpu_seconds(proxy)
     pool = ThreadPoolExecutor(len(names))
@@ -227,7 +298,7 @@ def burst(hub: HubProcess, names: list[str], options: dict, counted: dict[str, i
     go.wait()
     start = time.perf_counter()
     failed: set[str] = set()
-    last_check = start
+    log = FailureLog(hub.log_path, names)
     deadline = start + TIMEOUT_SECONDS + 60
     while len(ready) + len(failed) < len(names) and time.perf_counter() < deadline:
         now = time.perf_counter()
@@ -235,15 +306,17 @@ def burst(hub: HubProcess, names: list[str], options: dict, counted: dict[str, i
             name = path.rstrip("/").rsplit("/", 1)[-1]
             if path.rstrip("/").endswith(f"/user/{name}") and name in sent and name not in ready:
                 ready[name] = now - sent[name]
-        if now - last_check > 2 and len(replies) == len(names):
-            last_check = now
-            active = {u["name"] for u in hub.api("GET", "/users?state=active&limit=1000").json()}
-            failed = {n for n in names if n not in active and n not in ready}
-            failed |= {n for n, code in replies.items() if code not in (201, 202)}
+        failed = log.failed() | {n for n, code in replies.items() if code not in (201, 202)}
+        failed -= set(ready)
         time.sleep(0.1)
     wall = time.perf_counter() - start
     cpu = {what: cpu_seconds(pid) - before[what] for what, pid in counted.items()}
     proxy_cpu = cpu_seconds(proxy) - proxy_before
+    if yappi_pid:
+        os.kill(yappi_pid, signal.SIGUSR2)
+    if perf:
+        perf.send_signal(signal.SIGINT)
+        perf.wait(60)
     pool.shutdown()
     # after the measurement: every ready server answers through the proxy, then stop all
     listing = hub.api("GET", "/users?state=ready&limit=1000").json()
@@ -311,7 +384,7 @@ def main() -> None:
         type=int,
         default=0,
         metavar="SECONDS",
-        help="also: py-spy the hub and billing service through meterhub's first burst",
+        help="also: py-spy each hub (and meterhub's billing service) through its first burst",
     )
     parser.add_argument(
         "--fast-probe",
@@ -323,6 +396,16 @@ def main() -> None:
         action="store_true",
         help="experiment: meterhub's spawner waits 1 s, not 0.1 s, between connects to the port",
     )
+    parser.add_argument(
+        "--yappi",
+        action="store_true",
+        help="also: yappi (CPU clock) in each hub through its first burst (pip install yappi)",
+    )
+    parser.add_argument(
+        "--perf",
+        action="store_true",
+        help="also: perf record (CPU samples, C stacks) of each hub through its first burst",
+    )
     parser.add_argument("--stock-first", action="store_true", help="stock's burst first")
     parser.add_argument("--only", choices=("meterhub", "stock"), help="burst on one hub only")
     args = parser.parse_args()
@@ -333,8 +416,19 @@ def main() -> None:
         experiments = (FAST_PROBE if args.fast_probe else "") + (
             SLOW_PORT_WAIT if args.slow_port_wait else ""
         )
-        ours = MeterHub(Path(tmp) / "meterhub", Path(tmp) / "mocksu", args.users, experiments)
-        stock = StockMocksu(Path(tmp) / "stock", script, args.users)
+        yappi = {
+            label: YAPPI.format(out=str(PROFILE_DIR / f"spawn_burst-{label}.pstat"))
+            if args.yappi
+            else ""
+            for label in ("meterhub", "stock")
+        }
+        ours = MeterHub(
+            Path(tmp) / "meterhub",
+            Path(tmp) / "mocksu",
+            args.users,
+            experiments + yappi["meterhub"],
+        )
+        stock = StockMocksu(Path(tmp) / "stock", script, args.users, yappi["stock"])
         results: dict[str, list[dict]] = {"meterhub": [], "stock": []}
         try:
             ours.start()
@@ -362,9 +456,11 @@ def main() -> None:
                 for label in order:
                     hub, options = hubs[label]
                     spy = None
-                    if args.profile and label == "meterhub" and round_no == 0:
-                        spy = profile(tmp, counted[label], args.profile)
-                    r = burst(hub, names, options, counted[label])
+                    if args.profile and round_no == 0:
+                        spy = profile(tmp, label, counted[label], args.profile)
+                    yappi_pid = hub.proc.pid if args.yappi and round_no == 0 else None
+                    perf_out = PROFILE_DIR / f"spawn_burst-{label}.perf" if args.perf else None
+                    r = burst(hub, names, options, counted[label], yappi_pid, perf_out)
                     for proc, _out in spy or []:
                         proc.wait(args.profile + 60)
                     results[label].append(r)
@@ -386,16 +482,18 @@ def main() -> None:
             ]
             each = ", ".join(f"{x:.2f}" for x in ratios)
             print(f"CPU ratio meterhub (hub + billing) / stock (hub) per round: {each}")
+        if args.yappi:
+            print(f"yappi CPU profiles (pstats): {PROFILE_DIR}/spawn_burst-*.pstat")
         if args.profile:
             print(f"py-spy profiles (collapsed stacks): {PROFILE_DIR}/spawn_burst-*.txt")
 
 
-def profile(tmp: str, pids: dict[str, int], seconds: int) -> list:
+def profile(tmp: str, label: str, pids: dict[str, int], seconds: int) -> list:
     """py-spy record of each counted process for `seconds` (raw text, for `--format raw`)."""
     spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
     procs = []
     for what, pid in pids.items():
-        out = PROFILE_DIR / f"spawn_burst-{what}.txt"
+        out = PROFILE_DIR / f"spawn_burst-{label}-{what}.txt"
         command = [spy, "record", "-p", str(pid), "-d", str(seconds), "-r", "50"]
         command += ["--format", "raw", "-o", str(out), "--nonblocking"]
         procs.append((subprocess.Popen(command, stdout=subprocess.DEVNULL), out))
