@@ -315,6 +315,19 @@ def joiner(dirs: Iterable[str]) -> Callable[[], None]:
     return join
 
 
+#: `sh -c` script: the shell writes 0 (itself) into each of the first $1 arguments (cgroup.procs
+#: files), then execs the rest; 125 if it cannot enter one
+_ENTER = 'n=$1; shift; while [ "$n" -gt 0 ]; do echo 0 >"$1" || exit 125; n=$((n - 1)); shift; done; exec "$@"'
+
+
+def enter_command(dirs: Iterable[str]) -> list[str]:
+    """The start of a command line that runs the rest inside these cgroups from its first
+    instruction, as `joiner` does, but in an exec'd shell instead of a preexec function
+    (which rules out vfork)."""
+    paths = [os.path.join(d, "cgroup.procs") for d in dirs]
+    return ["/bin/sh", "-c", _ENTER, "sh", str(len(paths)), *paths]
+
+
 def oom_kills(dirs: Iterable[str]) -> int:
     """How many processes the OOM killer killed in these cgroups (0 when they are gone)."""
     total = 0

@@ -26,7 +26,7 @@ import struct
 import sys
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from subprocess import Popen
 
@@ -50,7 +50,7 @@ from .options import (
     group_names,
     shared_folder_groups,
 )
-from .sandbox import SandboxSpec, bwrap_command, bwrap_works
+from .sandbox import SandboxSpec, become_user, bwrap_command, bwrap_works
 from .starters import copy_starters, kernel_language_info
 
 #: how long before JupyterHub's start_timeout a start that is still waiting for its server
@@ -1105,11 +1105,12 @@ class LocalGPUSpawner(FolderEnvironments, LocalProcessSpawner):
             )
             await asyncio.to_thread(write_record, self.data_dir, record)
             disk_lock.release()  # the record names the disk now: nothing archives it
+            cmd, preexec = self._launch(cmd, sandboxed)
             self.proc = Popen(
                 cmd,
                 env=env,
                 cwd=disk,
-                preexec_fn=self._preexec_fn(sandboxed),
+                preexec_fn=preexec,
                 start_new_session=True,  # own process group: stop signals the whole sandbox
                 **self.popen_kwargs,
             )
@@ -1198,22 +1199,33 @@ class LocalGPUSpawner(FolderEnvironments, LocalProcessSpawner):
             memory=choice.memory_gib,
         )
 
-    def _preexec_fn(self, sandboxed: bool):
-        """In the child, before exec: enter the server's cgroups (as the hub's user), then,
-        without the sandbox, become the server's user."""
-        steps = []
+    def _launch(self, cmd: list[str], sandboxed: bool) -> tuple[list[str], Callable | None]:
+        """The command that starts the server, and a preexec function if one is still needed.
+
+        Before the server runs, the child enters the server's cgroups (as the hub's user) and,
+        without the sandbox, becomes the server's user. Exec'd programs do both (`sh`, then
+        `setpriv`) rather than a preexec function, so that Popen can vfork: a fork copies the
+        hub's page tables, and every page the hub writes afterwards faults (a twentieth of
+        the hub's CPU in a burst of 200 starts, bench/spawn_burst.py). Where `setpriv` is
+        missing the preexec function does it.
+        """
+        drop = None if sandboxed else self.run_as
+        setpriv = shutil.which("setpriv", path="/usr/bin:/bin") if drop else None
+        if drop and not setpriv:
+            steps = [cgroups.joiner(self.cgroup_dirs)] if self.cgroup_dirs else []
+            steps.append(self._drop_privileges_fn())
+
+            def preexec():
+                for step in steps:
+                    step()
+
+            return cmd, preexec
+        if drop:
+            uid, gid = drop
+            cmd = [*become_user(setpriv, uid, gid, self.group_gids), *cmd]
         if self.cgroup_dirs:
-            steps.append(cgroups.joiner(self.cgroup_dirs))
-        if not sandboxed and (drop := self._drop_privileges_fn()) is not None:
-            steps.append(drop)
-        if not steps:
-            return None
-
-        def preexec():
-            for step in steps:
-                step()
-
-        return preexec
+            cmd = [*cgroups.enter_command(self.cgroup_dirs), *cmd]
+        return cmd, None
 
     async def _wait_for_port_or_exit(self, started: float) -> None:
         """Return once the server listens; fail with a clear message if it exits first,

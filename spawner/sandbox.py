@@ -12,6 +12,7 @@ import functools
 import os
 import shutil
 import subprocess
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 #: system directories bound read-only (when they exist)
@@ -105,19 +106,27 @@ def bwrap_command(spec: SandboxSpec, command: list[str], bwrap: str = "bwrap") -
         # bwrap as root keeps only the two capabilities setpriv needs to become the user;
         # setpriv then drops every capability for good (empty bounding set, no_new_privs).
         args += ["--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID", "--"]
-        args += [
-            "setpriv",
-            f"--reuid={uid}",
-            f"--regid={gid}",
-            f"--groups={','.join(map(str, spec.groups))}" if spec.groups else "--clear-groups",
-            "--inh-caps=-all",
-            "--bounding-set=-all",
-            "--no-new-privs",
-            "--",
-        ]
+        args += become_user("setpriv", uid, gid, spec.groups)
     else:
         args += ["--"]
     return args + list(command)
+
+
+def become_user(setpriv: str, uid: int, gid: int, groups: Iterable[int] = ()) -> list[str]:
+    """The start of a command line that runs the rest as `uid`/`gid` with exactly `groups`
+    and without any capability, ever (empty bounding set, no_new_privs): setpriv copies the
+    effective ids to the saved ones, so nothing can become root again."""
+    groups = list(groups)
+    return [
+        setpriv,
+        f"--reuid={uid}",
+        f"--regid={gid}",
+        f"--groups={','.join(map(str, groups))}" if groups else "--clear-groups",
+        "--inh-caps=-all",
+        "--bounding-set=-all",
+        "--no-new-privs",
+        "--",
+    ]
 
 
 @functools.cache

@@ -7,6 +7,10 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import os
+import shutil
+import subprocess
+import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -20,7 +24,7 @@ from meterhub.spawner import cgroups
 from meterhub.spawner.catalog import DEBUG_CPU, DEBUG_MEMORY_GIB, Catalog
 from meterhub.spawner.cgroups import CgroupLayout, CgroupsUnavailable, OwnCgroups
 
-from .hubprocess import ADMIN_TOKEN, until
+from .hubprocess import ADMIN_TOKEN, HubProcess, until
 from .jupyter import execute
 
 # ---------------------------------------------------------------- texts of real hosts
@@ -285,3 +289,87 @@ async def test_a_server_over_its_memory_is_stopped_as_a_whole(limited):
     server = limited.spawn("mia", {"profile": "debug"})
     assert await execute(limited.url, "mia", ADMIN_TOKEN, "print(1)") == "1\n"
     limited.stop_server("mia")
+
+
+# ---------------------------------------------------------------- without the sandbox
+
+#: JupyterHub's mock single-user server under the system Python, which every uid can run (a
+#: server without the sandbox runs as its own uid, which cannot traverse /root)
+MOCKSU = """#!{python}
+import sys
+sys.path.insert(0, {site_packages!r})
+from jupyterhub.tests.mocksu import main
+main()
+"""
+
+
+@pytest.fixture
+def mocksu_prefix():
+    """An environment prefix whose `jupyterhub-singleuser` is the mock server."""
+    import jupyterhub
+
+    python = f"/usr/bin/python{sys.version_info.major}.{sys.version_info.minor}"
+    if not os.path.exists(python):
+        pytest.skip(f"{python} is needed: servers without the sandbox run as other uids")
+    prefix = Path(tempfile.mkdtemp(prefix="meterhub-mocksu-"))
+    prefix.chmod(0o755)
+    script = prefix / "bin" / "jupyterhub-singleuser"
+    script.parent.mkdir()
+    site_packages = str(Path(jupyterhub.__file__).resolve().parent.parent)
+    script.write_text(MOCKSU.format(python=python, site_packages=site_packages))
+    script.chmod(0o755)
+    yield prefix
+    shutil.rmtree(prefix)
+
+
+def _status(pid: int) -> dict[str, str]:
+    lines = Path(f"/proc/{pid}/status").read_text().splitlines()
+    return {key: value.strip() for key, value in (line.split(":", 1) for line in lines)}
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="a server runs as its own uid under a root hub")
+def test_an_unsandboxed_server_starts_in_its_cgroups_as_its_own_uid(tmp_path, mocksu_prefix):
+    """Without the sandbox, exec'd `sh` and `setpriv` put the server in its cgroups and
+    make it its own uid (the hub's Popen has no preexec function, so it can vfork)."""
+    _host_limits()
+    hub = HubProcess(tmp_path / "hub", {"gpus": [], "local": {"sandbox": "off"}})
+    extra = hub.workdir / "jupyterhub_config.d"
+    extra.mkdir()
+    (extra / "mocksu.py").write_text(
+        f"c.LocalGPUSpawner.server_env_prefix = {str(mocksu_prefix)!r}\n"
+    )
+    hub.start()
+    try:
+        state = hub.spawn("una", {"profile": "debug"})["state"]
+        pid = state["pid"]
+        status = _status(pid)
+        uids, gids = status["Uid"].split(), status["Gid"].split()
+        assert len(set(uids)) == 1 and int(uids[0]) > 200000, uids  # real, effective, saved
+        assert len(set(gids)) == 1 and gids[0] == uids[0], gids
+        assert status["Groups"] == ""  # none of root's supplementary groups
+        assert status["NoNewPrivs"] == "1" and int(status["CapBnd"], 16) == 0
+        assert int(status["CapEff"], 16) == int(status["CapPrm"], 16) == 0
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        assert argv[1].endswith(b"/bin/jupyterhub-singleuser"), argv  # sh and setpriv exec'd
+        assert state["cgroups"], "the server must have cgroups"
+        for directory in state["cgroups"]:
+            members = Path(directory, "cgroup.procs").read_text().split()
+            assert str(pid) in members, (directory, members)
+        hub.stop_server("una")
+    finally:
+        hub.teardown()
+        remove_hub_cgroups(hub.data_dir)
+
+
+def test_enter_command_refuses_a_cgroup_it_cannot_enter(tmp_path):
+    """The exec'd shell stops with 125 before it runs the server when it cannot enter."""
+    missing = tmp_path / "gone"
+    command = cgroups.enter_command([str(missing)]) + ["echo", "server ran"]
+    result = subprocess.run(command, capture_output=True, text=True)
+    assert result.returncode == 125 and "server ran" not in result.stdout
+    inside = tmp_path / "fake cgroup"  # a space, as in Docker's escaped mount points
+    inside.mkdir()
+    command = cgroups.enter_command([str(inside)]) + ["echo", "server ran"]
+    result = subprocess.run(command, capture_output=True, text=True)
+    assert result.returncode == 0 and result.stdout == "server ran\n"
+    assert (inside / "cgroup.procs").read_text() == "0\n"  # what a real cgroup reads as "me"

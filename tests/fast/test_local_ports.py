@@ -40,3 +40,36 @@ def test_a_restart_of_one_server_gives_back_its_old_port_first(monkeypatch):
     assert amy._unique_port() == 6000
     assert amy._unique_port() == 6001
     assert LocalGPUSpawner._ports_taken == {6001: "1/"}
+
+
+def test_a_server_starts_without_a_preexec_function_so_popen_can_vfork(monkeypatch):
+    """Entering the cgroups and dropping root are exec'd programs, not a preexec function:
+    with one, Popen forks (copies the hub's page tables) instead of vforking."""
+    ns = types.SimpleNamespace(
+        cgroup_dirs=["/sys/fs/cgroup/memory/meterhub/x", "/sys/fs/cgroup/cpu/meterhub/x"],
+        run_as=(200005, 200005),
+        group_gids=[300001],
+    )
+    launch = types.MethodType(LocalGPUSpawner._launch, ns)
+    monkeypatch.setattr(local.shutil, "which", lambda name, path=None: f"/usr/bin/{name}")
+    cmd, preexec = launch(["/env/bin/jupyterhub-singleuser", "--port=1"], sandboxed=False)
+    assert preexec is None
+    assert cmd[:6] == ["/bin/sh", "-c", cmd[2], "sh", "2", ns.cgroup_dirs[0] + "/cgroup.procs"]
+    setpriv = cmd.index("/usr/bin/setpriv")
+    assert cmd[setpriv : setpriv + 4] == [
+        "/usr/bin/setpriv",
+        "--reuid=200005",
+        "--regid=200005",
+        "--groups=300001",
+    ]
+    assert cmd[-3:] == ["--", "/env/bin/jupyterhub-singleuser", "--port=1"]
+    # in the sandbox bwrap's own setpriv drops root: only the cgroups here
+    cmd, preexec = launch(["bwrap", "--", "server"], sandboxed=True)
+    assert (
+        preexec is None and "/usr/bin/setpriv" not in cmd and cmd[-3:] == ["bwrap", "--", "server"]
+    )
+    # without setpriv, the preexec function does it (and Popen forks)
+    monkeypatch.setattr(local.shutil, "which", lambda name, path=None: None)
+    ns._drop_privileges_fn = lambda: lambda: None
+    cmd, preexec = launch(["server"], sandboxed=False)
+    assert cmd == ["server"] and callable(preexec)
