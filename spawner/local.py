@@ -13,14 +13,18 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import dataclasses
+import errno
 import functools
 import hashlib
 import importlib.util
+import ipaddress
 import json
 import logging
 import os
+import select
 import shutil
 import signal
+import socket
 import stat
 import struct
 import sys
@@ -701,6 +705,63 @@ def disk_dirname(username: str) -> str:
     return escape(username, safe=SAFE_NAME_CHARS, escape_char="-")
 
 
+async def accepts_connections(ip: str, port: int) -> bool:
+    """Whether something listens at ip:port of this host now.
+
+    A server of this host answers a connection at once, in the connect call itself: a
+    closed port refuses it (ECONNREFUSED), an open one accepts it, or keeps it waiting when
+    its queue of connections is full (it listens). So a non-blocking connect and a look
+    without waiting tell, in two system calls, what an asyncio connection told with a
+    transport, a protocol and a round of the event loop (a burst of 200 starts made 8,000
+    of them, bench/spawn_burst.py). A host name is resolved and connected to by asyncio.
+    """
+    try:
+        family = socket.AF_INET6 if ipaddress.ip_address(ip).version == 6 else socket.AF_INET
+    except ValueError:
+        try:
+            _reader, writer = await asyncio.wait_for(asyncio.open_connection(ip, port), 2)
+        except TimeoutError:
+            return True  # kept waiting in its queue, not refused
+        except OSError:
+            return False
+        writer.close()
+        return True
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        sock.setblocking(False)
+        error = sock.connect_ex((ip, port))
+        if error == errno.EINPROGRESS:
+            poller = select.poll()
+            poller.register(sock, select.POLLOUT)
+            if not poller.poll(0):
+                return True  # in its listening queue, not refused
+            error = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
+    return error == 0
+
+
+class PortBook:
+    """Which server (owner key) holds which port: one port per server, one server per port,
+    each lookup O(1) (a scan of all ports for a server's was a burst's quadratic cost)."""
+
+    def __init__(self) -> None:
+        self.owner_of: dict[int, str] = {}
+        self.port_of: dict[str, int] = {}
+
+    def take(self, port: int, owner: str) -> bool:
+        """Give `port` to `owner` (its earlier port is freed); False if another holds it."""
+        if self.owner_of.setdefault(port, owner) != owner:
+            return False
+        earlier = self.port_of.get(owner)
+        if earlier is not None and earlier != port:
+            del self.owner_of[earlier]
+        self.port_of[owner] = port
+        return True
+
+    def release(self, owner: str) -> None:
+        port = self.port_of.pop(owner, None)
+        if port is not None:
+            del self.owner_of[port]
+
+
 class LocalGPUSpawner(FolderEnvironments, LocalProcessSpawner):
     """Spawn servers locally with a profile from the catalog, exclusive GPUs and a sandbox."""
 
@@ -919,27 +980,24 @@ class LocalGPUSpawner(FolderEnvironments, LocalProcessSpawner):
     oom_baseline = Int(0)
     #: how many servers of this hub are waiting to be seen listening now (all spawners)
     _waiting_for_port = 0
-    #: port -> owner key of the servers of this hub that may be starting or running
-    _ports_taken: dict[int, str] = {}
+    #: the ports of the servers of this hub that may be starting or running
+    _ports: PortBook = PortBook()
 
     def _unique_port(self) -> int:
         """A free port no other server of this hub was given: JupyterHub's random_port
         only finds one free now, and a server binds it seconds later (a minute, in a burst
         of 200 on two cores), so two starts could get the same one and the second fail
         with "Address already in use" (bench/spawn_burst.py saw it)."""
-        taken = LocalGPUSpawner._ports_taken
-        self._forget_port()
+        ports, owner = LocalGPUSpawner._ports, self.owner_key
+        ports.release(owner)
         for _attempt in range(100):
             port = random_port()
-            if port not in taken:
-                taken[port] = self.owner_key
+            if ports.take(port, owner):
                 return port
         raise web.HTTPError(503, "%s", _("No free port for the server; try again."))
 
     def _forget_port(self) -> None:
-        taken = LocalGPUSpawner._ports_taken
-        for port in [p for p, key in taken.items() if key == self.owner_key]:
-            del taken[port]
+        LocalGPUSpawner._ports.release(self.owner_key)
 
     # ------------------------------------------------------------------ inventory
 
@@ -1261,18 +1319,14 @@ class LocalGPUSpawner(FolderEnvironments, LocalProcessSpawner):
                     ),
                     reason="Server exited",
                 )
-            try:
-                _reader, writer = await asyncio.open_connection(ip, self.port)
-            except OSError:
-                # backing off to half a second: ten tries a second for each of a burst's 200
-                # starting servers was a tenth of the hub's CPU (bench/spawn_burst.py)
-                await asyncio.sleep(delay)
-                busy = LocalGPUSpawner._waiting_for_port >= PORT_WAIT_BUSY_STARTS
-                longest = PORT_WAIT_BUSY_MAX_SECONDS if busy else PORT_WAIT_MAX_SECONDS
-                delay = min(delay * PORT_WAIT_BACKOFF, longest)
-                continue
-            writer.close()
-            return
+            if await accepts_connections(ip, self.port):
+                return
+            # backing off to half a second: ten tries a second for each of a burst's 200
+            # starting servers was a tenth of the hub's CPU (bench/spawn_burst.py)
+            await asyncio.sleep(delay)
+            busy = LocalGPUSpawner._waiting_for_port >= PORT_WAIT_BUSY_STARTS
+            longest = PORT_WAIT_BUSY_MAX_SECONDS if busy else PORT_WAIT_MAX_SECONDS
+            delay = min(delay * PORT_WAIT_BACKOFF, longest)
 
     def _profile_env(self, choice: Choice, gpus: list[Gpu], sandboxed: bool) -> dict[str, str]:
         environment = self.catalog.environment_of(choice)
@@ -1540,7 +1594,7 @@ class LocalGPUSpawner(FolderEnvironments, LocalProcessSpawner):
         if alive and not over_memory:
             self.last_seen_alive = int(time.time())
             if self.server is not None:  # adopted after a hub restart: its port is taken
-                LocalGPUSpawner._ports_taken.setdefault(self.server.port, self.owner_key)
+                LocalGPUSpawner._ports.take(self.server.port, self.owner_key)
             return None
         if over_memory:
             # v2 (memory.oom.group) has killed the whole server; v1 killed one process

@@ -3,6 +3,7 @@ free port found now is bound by its server only seconds (in a burst, a minute) l
 
 from __future__ import annotations
 
+import socket
 import types
 
 import pytest
@@ -20,7 +21,7 @@ def _spawner(owner: str) -> types.SimpleNamespace:
 
 @pytest.fixture(autouse=True)
 def _no_ports_taken(monkeypatch):
-    monkeypatch.setattr(LocalGPUSpawner, "_ports_taken", {})
+    monkeypatch.setattr(LocalGPUSpawner, "_ports", local.PortBook())
 
 
 def test_two_starts_never_get_the_same_port_and_a_stop_frees_it(monkeypatch):
@@ -39,7 +40,8 @@ def test_a_restart_of_one_server_gives_back_its_old_port_first(monkeypatch):
     amy = _spawner("1/")
     assert amy._unique_port() == 6000
     assert amy._unique_port() == 6001
-    assert LocalGPUSpawner._ports_taken == {6001: "1/"}
+    assert LocalGPUSpawner._ports.owner_of == {6001: "1/"}
+    assert LocalGPUSpawner._ports.port_of == {"1/": 6001}
 
 
 def test_a_server_starts_without_a_preexec_function_so_popen_can_vfork(monkeypatch):
@@ -73,3 +75,26 @@ def test_a_server_starts_without_a_preexec_function_so_popen_can_vfork(monkeypat
     ns._drop_privileges_fn = lambda: lambda: None
     cmd, preexec = launch(["server"], sandboxed=False)
     assert cmd == ["server"] and callable(preexec)
+
+
+async def test_a_port_is_seen_listening_refused_or_queued_without_the_event_loop():
+    """The start's wait for its server's port: a non-blocking connect and a look."""
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        port = server.getsockname()[1]
+        assert await local.accepts_connections("127.0.0.1", port) is False  # bound, not listening
+        server.listen(1)
+        assert await local.accepts_connections("127.0.0.1", port) is True
+        assert await local.accepts_connections("localhost", port) is True  # a host name
+        # a server too busy to accept: its queue fills, and it still counts as listening
+        for _ in range(8):
+            await local.accepts_connections("127.0.0.1", port)
+        assert await local.accepts_connections("127.0.0.1", port) is True
+    assert await local.accepts_connections("127.0.0.1", port) is False  # closed
+    with socket.socket(socket.AF_INET6) as server6:
+        try:
+            server6.bind(("::1", 0))
+        except OSError:
+            pytest.skip("no IPv6 loopback here")
+        server6.listen(1)
+        assert await local.accepts_connections("::1", server6.getsockname()[1]) is True
