@@ -16,7 +16,7 @@ import logging
 import os
 import subprocess
 import sys
-from functools import cache
+from functools import cache, lru_cache
 
 log = logging.getLogger(__name__)
 
@@ -59,14 +59,27 @@ def stamp(text: str, language_info: dict | None) -> str:
     return json.dumps(notebook, indent=1, sort_keys=True, ensure_ascii=False) + "\n"
 
 
+def _key(language_info: dict | None) -> str | None:
+    return None if language_info is None else json.dumps(language_info, sort_keys=True)
+
+
+@lru_cache(maxsize=64)
+def _stamped(path: str, mtime_ns: int, size: int, language_info: str | None) -> str:
+    """`stamp` of the notebook at `path`, once per version of the file (each new disk of a
+    burst of first starts would parse and write the same JSON again)."""
+    with open(path, encoding="utf-8") as f:
+        return stamp(f.read(), None if language_info is None else json.loads(language_info))
+
+
 def copy_starters(source_dir: str, target_dir: str, language_info: dict | None) -> list[str]:
     """Copy each notebook of `source_dir` into `target_dir`, stamped; the paths written."""
     written = []
     for name in sorted(os.listdir(source_dir)):
         if not name.endswith(".ipynb"):
             continue
-        with open(os.path.join(source_dir, name), encoding="utf-8") as f:
-            text = stamp(f.read(), language_info)
+        source = os.path.join(source_dir, name)
+        st = os.stat(source)
+        text = _stamped(source, st.st_mtime_ns, st.st_size, _key(language_info))
         target = os.path.join(target_dir, name)
         with open(target, "w", encoding="utf-8") as f:
             f.write(text)
