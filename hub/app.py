@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime
+import gc
 import json
 import os
 import secrets
@@ -142,6 +143,9 @@ class MeterHub(JupyterHub):
         self.start_disk_archiving()
         await self.sync_groups()
         self._sign_in = asyncio.ensure_future(self.announce_sign_in())
+        # what start-up built (modules, config, mappers, the users' objects) stays: out of
+        # the collector's way, so that its full collections walk only what came later
+        gc.freeze()
 
     async def announce_sign_in(self) -> None:
         """Print `sign_in_message` as the console's last start-up line: after the hub is
