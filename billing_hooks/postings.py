@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -138,6 +139,12 @@ def _no_fault(point: str) -> None:
     pass
 
 
+#: the users whose own wallet this process has seen made, by ledger database: wallets are
+#: never deleted, so a spawn skips the transaction that would make one (`open_session`
+#: still makes it in its own, should it be missing)
+_WALLETS_MADE: weakref.WeakKeyDictionary[Engine, set[str]] = weakref.WeakKeyDictionary()
+
+
 class Postings:
     if TYPE_CHECKING:
         # Courses provides it; Ledger puts them together
@@ -217,11 +224,13 @@ class Postings:
         """The user's wallet, created with the trial credit exactly once; returns the balance."""
         try:
             with self.begin() as db:
-                return self._ensure_wallet(db, user).balance_micros
+                balance = self._ensure_wallet(db, user).balance_micros
         except IntegrityError:
             # a concurrent first transaction made it (with the trial, once): read it
             with self.begin() as db:
-                return self._ensure_wallet(db, user).balance_micros
+                balance = self._ensure_wallet(db, user).balance_micros
+        _WALLETS_MADE.setdefault(self.engine, set()).add(user)
+        return balance
 
     def _replay(self, db: Session, key: str, digest: str) -> Entry | None:
         """The entry an idempotency key already wrote, if the request was the same; a key
@@ -410,7 +419,8 @@ class Postings:
         # the user's own wallet (and trial) exists, made in a transaction of its own: two
         # first spawns at once may race to make it; and from a group, this one then locks
         # one wallet only (two would deadlock against the meter's batch)
-        self.ensure_user(user)
+        if user not in _WALLETS_MADE.get(self.engine, ()):
+            self.ensure_user(user)
         with self.begin() as db:
             if payer.is_course:
                 account = self._course_payer(db, payer.name, user, now)
@@ -436,15 +446,11 @@ class Postings:
                 if not any(p.profile == other.profile and p.gpus >= other.gpus for p in valid)
             ]
             open_rates = [other.rate_micros_per_hour for other in open_sessions]
-            covered_now = db.scalars(
-                select(Pass.id).where(
-                    Pass.wallet_id == account.id,
-                    Pass.profile == profile,
-                    Pass.gpus >= gpus,
-                    Pass.starts_at <= now,
-                    Pass.ends_at > now + min_seconds,
-                )
-            ).first()
+            # of the valid passes (no second query): one for this choice past the minimum
+            covered_now = any(
+                p.profile == profile and p.gpus >= gpus and p.ends_at > now + min_seconds
+                for p in valid
+            )
             new_rate = 0 if covered_now else rate_micros_per_hour
             needed = sum(accrued(rate, min_seconds) for rate in [*open_rates, new_rate])
             available = account.balance_micros + self.overdraft_micros

@@ -239,3 +239,21 @@ def test_a_server_a_pass_pays_for_needs_no_credit_beside_a_new_spawn(make_ledger
     ledger.mark_ready(auth.session_id)
     # ¥0.30 left covers 10 minutes of debug (¥0.02), whatever the covered A800 would cost
     ledger.open_session("ro", "dbg", "debug", 0, to_micros("0.10"), min_seconds=600)
+
+
+def test_a_returning_users_spawn_does_not_make_their_wallet_again(make_ledger, monkeypatch):
+    """The first spawn makes the wallet (with the trial credit) in a transaction of its own;
+    later ones skip that transaction: wallets are never deleted."""
+    ledger, _ = make_ledger()
+    made = []
+    ensure_user = Ledger.ensure_user
+    monkeypatch.setattr(
+        Ledger, "ensure_user", lambda self, user: made.append(user) or ensure_user(self, user)
+    )
+    first = ledger.open_session("rue", "", "debug", 0, to_micros("0.10"), min_seconds=60)
+    assert made == ["rue"] and ledger.balance("rue") == ledger.trial_credit_micros
+    ledger.close_server("rue", "", None)
+    ledger.open_session("rue", "", "debug", 0, to_micros("0.10"), min_seconds=60)
+    ledger.open_session("rue", "gpu", "debug", 0, to_micros("0.10"), min_seconds=60)
+    assert made == ["rue"], "a known wallet is not made again"
+    assert first.session_id
