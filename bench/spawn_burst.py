@@ -22,11 +22,15 @@ which servers are ready.
 Experiments (bench-only patches in meterhub's `jupyterhub_config.d`, not meterhub's code):
 `--fast-probe` (the liveness probe reads the group leader before scanning /proc) and
 `--slow-port-wait` (the spawner's port wait connects every 1 s instead of every 0.1 s).
-`--profile SECONDS` records the hub and billing service with py-spy (`pip install py-spy`).
+`--profile SECONDS` records each hub (and meterhub's billing service) with py-spy (`pip install
+py-spy`: wall time of running threads); `--yappi` profiles each hub's burst on CPU time (`pip
+install yappi`; it inflates call-heavy Python, so it says where rather than how much); `--perf`
+records each hub's burst with `perf record -g` (real CPU, C stacks).
 
     .venv/bin/python bench/spawn_burst.py --users 200 --rounds 1 [--stock-first]
     .venv/bin/python bench/spawn_burst.py --users 200 --only meterhub --profile 330
     .venv/bin/python bench/spawn_burst.py --users 200 --fast-probe
+    .venv/bin/python bench/spawn_burst.py --users 200 --yappi   # or --perf
 """
 
 from __future__ import annotations
