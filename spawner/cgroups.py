@@ -315,9 +315,14 @@ def joiner(dirs: Iterable[str]) -> Callable[[], None]:
     return join
 
 
-#: `sh -c` script: the shell writes 0 (itself) into each of the first $1 arguments (cgroup.procs
-#: files), then execs the rest; 125 if it cannot enter one
-_ENTER = 'n=$1; shift; while [ "$n" -gt 0 ]; do echo 0 >"$1" || exit 125; n=$((n - 1)); shift; done; exec "$@"'
+#: the exit status of `enter_command`'s shell when it cannot enter a cgroup
+ENTER_FAILED = 125
+#: `sh -c` script: the shell writes 0 (itself) into each of the first $1 arguments (existing
+#: cgroup.procs files, never made here), then execs the rest; ENTER_FAILED if it cannot
+_ENTER = (
+    'n=$1; shift; while [ "$n" -gt 0 ]; do [ -e "$1" ] && echo 0 >"$1" || exit 125;'
+    ' n=$((n - 1)); shift; done; exec "$@"'
+)
 
 
 def enter_command(dirs: Iterable[str]) -> list[str]:

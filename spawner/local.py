@@ -15,12 +15,14 @@ import concurrent.futures
 import dataclasses
 import errno
 import functools
+import grp
 import hashlib
 import importlib.util
 import ipaddress
 import json
 import logging
 import os
+import pwd
 import select
 import shutil
 import signal
@@ -710,24 +712,18 @@ def disk_dirname(username: str) -> str:
 async def accepts_connections(ip: str, port: int) -> bool:
     """Whether something listens at ip:port of this host now.
 
-    A server of this host answers a connection at once, in the connect call itself: a
-    closed port refuses it (ECONNREFUSED), an open one accepts it, or keeps it waiting when
-    its queue of connections is full (it listens). So a non-blocking connect and a look
-    without waiting tell, in two system calls, what an asyncio connection told with a
-    transport, a protocol and a round of the event loop (a burst of 200 starts made 8,000
-    of them, bench/spawn_burst.py). A host name is resolved and connected to by asyncio.
+    A server of this host almost always answers a connection in the connect call itself: a
+    closed port refuses it (ECONNREFUSED), an open one accepts it. So a non-blocking connect
+    and a look without waiting tell, in two system calls, what an asyncio connection told
+    with a transport, a protocol and a round of the event loop (a burst of 200 starts made
+    8,000 of them, bench/spawn_burst.py). When there is no answer yet (the kernel put off
+    its part, or a full queue of connections), and for a host name, asyncio connects and
+    waits a second at most; no answer then counts as not listening.
     """
     try:
         family = socket.AF_INET6 if ipaddress.ip_address(ip).version == 6 else socket.AF_INET
     except ValueError:
-        try:
-            _reader, writer = await asyncio.wait_for(asyncio.open_connection(ip, port), 2)
-        except TimeoutError:
-            return True  # kept waiting in its queue, not refused
-        except OSError:
-            return False
-        writer.close()
-        return True
+        return await _connects(ip, port)
     with socket.socket(family, socket.SOCK_STREAM) as sock:
         sock.setblocking(False)
         error = sock.connect_ex((ip, port))
@@ -735,9 +731,35 @@ async def accepts_connections(ip: str, port: int) -> bool:
             poller = select.poll()
             poller.register(sock, select.POLLOUT)
             if not poller.poll(0):
-                return True  # in its listening queue, not refused
-            error = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
+                error = None  # no answer yet
+            else:
+                error = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
+    if error is None:
+        return await _connects(ip, port)
     return error == 0
+
+
+async def _connects(host: str, port: int, timeout: float = 1) -> bool:
+    try:
+        _reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port), timeout)
+    except (OSError, TimeoutError):
+        return False
+    writer.close()
+    return True
+
+
+def named_like_ids(uid: int, gid: int, groups: tuple[int, ...] = ()) -> bool:
+    """Whether the host's user or group database (NSS: files, LDAP ...) has a name that
+    is one of these numbers, which setpriv would take for that name's id (blocking)."""
+    lookups = [(pwd.getpwnam, uid), (grp.getgrnam, gid)]
+    lookups += [(grp.getgrnam, g) for g in groups]
+    for lookup, number in lookups:
+        try:
+            lookup(str(number))
+        except KeyError:
+            continue
+        return True
+    return False
 
 
 class PortBook:
@@ -1165,7 +1187,12 @@ class LocalGPUSpawner(FolderEnvironments, LocalProcessSpawner):
             )
             await asyncio.to_thread(write_record, self.data_dir, record)
             disk_lock.release()  # the record names the disk now: nothing archives it
-            cmd, preexec = self._launch(cmd, sandboxed)
+            ids_named = False
+            if not sandboxed and self.run_as is not None:
+                ids_named = await asyncio.to_thread(
+                    named_like_ids, *self.run_as, tuple(self.group_gids)
+                )
+            cmd, preexec = self._launch(cmd, sandboxed, ids_named)
             self.proc = Popen(
                 cmd,
                 env=env,
@@ -1259,7 +1286,9 @@ class LocalGPUSpawner(FolderEnvironments, LocalProcessSpawner):
             memory=choice.memory_gib,
         )
 
-    def _launch(self, cmd: list[str], sandboxed: bool) -> tuple[list[str], Callable | None]:
+    def _launch(
+        self, cmd: list[str], sandboxed: bool, ids_named: bool = False
+    ) -> tuple[list[str], Callable | None]:
         """The command that starts the server, and a preexec function if one is still needed.
 
         Before the server runs, the child enters the server's cgroups (as the hub's user) and,
@@ -1267,11 +1296,13 @@ class LocalGPUSpawner(FolderEnvironments, LocalProcessSpawner):
         `setpriv`) rather than a preexec function, so that Popen can vfork: a fork copies the
         hub's page tables, and every page the hub writes afterwards faults (a twentieth of
         the hub's CPU in a burst of 200 starts, bench/spawn_burst.py). Where `setpriv` is
-        missing the preexec function does it.
+        missing, or the host names a user or group like one of the server's ids
+        (`ids_named`: setpriv looks its numbers up as names first), the preexec function
+        does it, by number.
         """
         drop = None if sandboxed else self.run_as
         setpriv = shutil.which("setpriv", path="/usr/bin:/bin") if drop else None
-        if drop and not setpriv:
+        if drop and (not setpriv or ids_named):
             steps = [cgroups.joiner(self.cgroup_dirs)] if self.cgroup_dirs else []
             steps.append(self._drop_privileges_fn())
 
@@ -1310,6 +1341,19 @@ class LocalGPUSpawner(FolderEnvironments, LocalProcessSpawner):
                     reason="Server did not answer",
                 )
             status = self.proc.poll()
+            if status == cgroups.ENTER_FAILED and self.cgroup_dirs:
+                self.log.error(
+                    "%s could not enter its cgroups %s", self._log_name, self.cgroup_dirs
+                )
+                raise web.HTTPError(
+                    500,
+                    "%s",
+                    _(
+                        "The server could not be given its CPU and memory limits; ask the"
+                        " operator (the hub's log names the cgroups)."
+                    ),
+                    reason="No resource limits",
+                )
             if status is not None and not await self._signal(0):
                 raise web.HTTPError(
                     500,
@@ -1324,8 +1368,9 @@ class LocalGPUSpawner(FolderEnvironments, LocalProcessSpawner):
             if await accepts_connections(ip, self.port):
                 return
             # backing off to half a second: ten tries a second for each of a burst's 200
-            # starting servers was a tenth of the hub's CPU (bench/spawn_burst.py)
-            await asyncio.sleep(delay)
+            # starting servers was a tenth of the hub's CPU (bench/spawn_burst.py); never
+            # past the deadline, so that a start that runs out says why
+            await asyncio.sleep(max(0.0, min(delay, deadline - time.monotonic())))
             busy = LocalGPUSpawner._waiting_for_port >= PORT_WAIT_BUSY_STARTS
             longest = PORT_WAIT_BUSY_MAX_SECONDS if busy else PORT_WAIT_MAX_SECONDS
             delay = min(delay * PORT_WAIT_BACKOFF, longest)
@@ -1596,7 +1641,9 @@ class LocalGPUSpawner(FolderEnvironments, LocalProcessSpawner):
         if alive and not over_memory:
             self.last_seen_alive = int(time.time())
             if self.server is not None:  # adopted after a hub restart: its port is taken
-                LocalGPUSpawner._ports.take(self.server.port, self.owner_key)
+                ports, owner = LocalGPUSpawner._ports, self.owner_key
+                if owner not in ports.port_of:
+                    ports.take(self.server.port, owner)
             return None
         if over_memory:
             # v2 (memory.oom.group) has killed the whole server; v1 killed one process

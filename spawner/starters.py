@@ -64,9 +64,10 @@ def _key(language_info: dict | None) -> str | None:
 
 
 @lru_cache(maxsize=64)
-def _stamped(path: str, mtime_ns: int, size: int, language_info: str | None) -> str:
-    """`stamp` of the notebook at `path`, once per version of the file (each new disk of a
-    burst of first starts would parse and write the same JSON again)."""
+def _stamped(path: str, version: tuple[int, ...], language_info: str | None) -> str:
+    """`stamp` of the notebook at `path`, once per version of the file (inode, size, mtime
+    and ctime: a copy that keeps the mtime still changes the ctime), not for each new disk
+    of a burst of first starts."""
     with open(path, encoding="utf-8") as f:
         return stamp(f.read(), None if language_info is None else json.loads(language_info))
 
@@ -79,7 +80,8 @@ def copy_starters(source_dir: str, target_dir: str, language_info: dict | None) 
             continue
         source = os.path.join(source_dir, name)
         st = os.stat(source)
-        text = _stamped(source, st.st_mtime_ns, st.st_size, _key(language_info))
+        version = (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+        text = _stamped(source, version, _key(language_info))
         target = os.path.join(target_dir, name)
         with open(target, "w", encoding="utf-8") as f:
             f.write(text)

@@ -9,7 +9,6 @@ import hashlib
 import os
 import shutil
 import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
@@ -293,30 +292,41 @@ async def test_a_server_over_its_memory_is_stopped_as_a_whole(limited):
 
 # ---------------------------------------------------------------- without the sandbox
 
-#: JupyterHub's mock single-user server under the system Python, which every uid can run (a
-#: server without the sandbox runs as its own uid, which cannot traverse /root)
-MOCKSU = """#!{python}
-import sys
-sys.path.insert(0, {site_packages!r})
-from jupyterhub.tests.mocksu import main
-main()
+#: a stand-in single-user server: the system Python's http.server at the URL the hub gives
+#: it, answering 200 to everything. Stdlib only: a server without the sandbox runs as its own
+#: uid, which may not traverse the test's virtual environment (a fresh clone's under /tmp)
+STAND_IN = """#!{python}
+import http.server, os, urllib.parse
+
+url = urllib.parse.urlparse(os.environ["JUPYTERHUB_SERVICE_URL"])
+
+
+class Answer(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.end_headers()
+        self.wfile.write(b"{{}}")
+
+    def log_message(self, *args):
+        pass
+
+
+http.server.HTTPServer((url.hostname, url.port), Answer).serve_forever()
 """
 
 
 @pytest.fixture
-def mocksu_prefix():
-    """An environment prefix whose `jupyterhub-singleuser` is the mock server."""
-    import jupyterhub
-
-    python = f"/usr/bin/python{sys.version_info.major}.{sys.version_info.minor}"
-    if not os.path.exists(python):
-        pytest.skip(f"{python} is needed: servers without the sandbox run as other uids")
-    prefix = Path(tempfile.mkdtemp(prefix="meterhub-mocksu-"))
+def stand_in_prefix():
+    """An environment prefix whose `jupyterhub-singleuser` is the stand-in server."""
+    python = shutil.which("python3", path="/usr/bin:/bin")
+    if python is None:
+        pytest.skip("a system python3 is needed: servers without the sandbox run as other uids")
+    prefix = Path(tempfile.mkdtemp(prefix="meterhub-stand-in-"))
     prefix.chmod(0o755)
     script = prefix / "bin" / "jupyterhub-singleuser"
     script.parent.mkdir()
-    site_packages = str(Path(jupyterhub.__file__).resolve().parent.parent)
-    script.write_text(MOCKSU.format(python=python, site_packages=site_packages))
+    script.write_text(STAND_IN.format(python=python))
     script.chmod(0o755)
     yield prefix
     shutil.rmtree(prefix)
@@ -328,15 +338,15 @@ def _status(pid: int) -> dict[str, str]:
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="a server runs as its own uid under a root hub")
-def test_an_unsandboxed_server_starts_in_its_cgroups_as_its_own_uid(tmp_path, mocksu_prefix):
+def test_an_unsandboxed_server_starts_in_its_cgroups_as_its_own_uid(tmp_path, stand_in_prefix):
     """Without the sandbox, exec'd `sh` and `setpriv` put the server in its cgroups and
     make it its own uid (the hub's Popen has no preexec function, so it can vfork)."""
     _host_limits()
     hub = HubProcess(tmp_path / "hub", {"gpus": [], "local": {"sandbox": "off"}})
     extra = hub.workdir / "jupyterhub_config.d"
     extra.mkdir()
-    (extra / "mocksu.py").write_text(
-        f"c.LocalGPUSpawner.server_env_prefix = {str(mocksu_prefix)!r}\n"
+    (extra / "stand_in.py").write_text(
+        f"c.LocalGPUSpawner.server_env_prefix = {str(stand_in_prefix)!r}\n"
     )
     hub.start()
     try:
@@ -369,6 +379,9 @@ def test_enter_command_refuses_a_cgroup_it_cannot_enter(tmp_path):
     assert result.returncode == 125 and "server ran" not in result.stdout
     inside = tmp_path / "fake cgroup"  # a space, as in Docker's escaped mount points
     inside.mkdir()
+    result = subprocess.run(cgroups.enter_command([str(inside)]) + ["true"])
+    assert result.returncode == cgroups.ENTER_FAILED  # no cgroup.procs: not a cgroup
+    (inside / "cgroup.procs").write_text("")
     command = cgroups.enter_command([str(inside)]) + ["echo", "server ran"]
     result = subprocess.run(command, capture_output=True, text=True)
     assert result.returncode == 0 and result.stdout == "server ran\n"

@@ -86,10 +86,10 @@ async def test_a_port_is_seen_listening_refused_or_queued_without_the_event_loop
         server.listen(1)
         assert await local.accepts_connections("127.0.0.1", port) is True
         assert await local.accepts_connections("localhost", port) is True  # a host name
-        # a server too busy to accept: its queue fills, and it still counts as listening
-        for _ in range(8):
-            await local.accepts_connections("127.0.0.1", port)
-        assert await local.accepts_connections("127.0.0.1", port) is True
+        # a server too busy to accept: once its queue is full, a try gets no answer, which
+        # counts as not listening yet (never as listening: it may be a closed port)
+        answers = [await local.accepts_connections("127.0.0.1", port) for _ in range(6)]
+        assert answers[-1] is False, answers
     assert await local.accepts_connections("127.0.0.1", port) is False  # closed
     with socket.socket(socket.AF_INET6) as server6:
         try:
@@ -98,3 +98,19 @@ async def test_a_port_is_seen_listening_refused_or_queued_without_the_event_loop
             pytest.skip("no IPv6 loopback here")
         server6.listen(1)
         assert await local.accepts_connections("::1", server6.getsockname()[1]) is True
+
+
+def test_setpriv_is_not_trusted_with_ids_the_host_also_has_as_names(monkeypatch):
+    """setpriv reads --reuid=200005 as the user named "200005" when one exists: then the
+    hub drops root itself, by number (a preexec function)."""
+    ns = types.SimpleNamespace(cgroup_dirs=[], run_as=(200005, 200005), group_gids=[300001])
+    ns._drop_privileges_fn = lambda: lambda: None
+    launch = types.MethodType(LocalGPUSpawner._launch, ns)
+    monkeypatch.setattr(local.shutil, "which", lambda name, path=None: f"/usr/bin/{name}")
+    cmd, preexec = launch(["server"], sandboxed=False, ids_named=True)
+    assert cmd == ["server"] and callable(preexec)
+    names = {"300001"}
+    monkeypatch.setattr(local.grp, "getgrnam", lambda n: n if n in names else {}[n])
+    monkeypatch.setattr(local.pwd, "getpwnam", lambda n: {}[n])
+    assert local.named_like_ids(200005, 200005, (300001,)) is True
+    assert local.named_like_ids(200005, 200005, (300002,)) is False
