@@ -144,7 +144,9 @@ class MeterHub(JupyterHub):
         await self.sync_groups()
         self._sign_in = asyncio.ensure_future(self.announce_sign_in())
         # what start-up built (modules, config, mappers, the users' objects) stays: out of
-        # the collector's way, so that its full collections walk only what came later
+        # the collector's way, so that its full collections walk only what came later (its
+        # garbage collected first, not kept for good)
+        gc.collect()
         gc.freeze()
 
     async def announce_sign_in(self) -> None:

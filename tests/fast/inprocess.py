@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import time
 from collections.abc import Callable
 from decimal import Decimal
@@ -176,6 +177,7 @@ class FastMeterHub(hub_app.MeterHub):
         if self.http_server:
             self.http_server.stop()
         self.metrics_collector.stop()
+        gc.unfreeze()  # start() froze what the test process had built; let it go again
         for callback in self._periodic_callbacks.values():
             callback.stop()
         for target, name, fn in self._listeners:
