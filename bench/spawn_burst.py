@@ -119,6 +119,7 @@ _yappi_window = []
 def _yappi_mark(*_args):
     if _yappi_window:
         _yappi.get_func_stats().save({out!r}, type="pstat")
+        _yappi.stop()  # later rounds run as without it
     else:
         _yappi.clear_stats()
     _yappi_window.append(1)
@@ -463,7 +464,9 @@ def main() -> None:
                     if args.profile and round_no == 0:
                         spy = profile(tmp, label, counted[label], args.profile)
                     yappi_pid = hub.proc.pid if args.yappi and round_no == 0 else None
-                    perf_out = PROFILE_DIR / f"spawn_burst-{label}.perf" if args.perf else None
+                    perf_out = None
+                    if args.perf and round_no == 0:
+                        perf_out = PROFILE_DIR / f"spawn_burst-{label}.perf"
                     r = burst(hub, names, options, counted[label], yappi_pid, perf_out)
                     for proc, _out in spy or []:
                         proc.wait(args.profile + 60)
