@@ -257,3 +257,16 @@ def test_a_returning_users_spawn_does_not_make_their_wallet_again(make_ledger, m
     ledger.open_session("rue", "gpu", "debug", 0, to_micros("0.10"), min_seconds=60)
     assert made == ["rue"], "a known wallet is not made again"
     assert first.session_id
+
+
+def test_a_pass_covers_a_spawn_only_if_it_lasts_the_minimum_minutes(make_ledger):
+    """A valid pass that ends within the minimum minutes does not stand in for credit."""
+    ledger, _ = make_ledger(trial_credit_micros=to_micros("1.00"))
+    rate = to_micros("20.00")  # ten minutes: ¥3.33, more than the ¥0.90 left after the pass
+    ledger.buy_pass("ivy", "a800", 1, "daily", to_micros("0.10"), 300, key="p:ivy")
+    with pytest.raises(InsufficientCredit):
+        ledger.open_session("ivy", "", "a800", 1, rate, min_seconds=600)
+    ledger.buy_pass("jo", "a800", 1, "daily", to_micros("0.10"), 3600, key="p:jo")
+    assert ledger.open_session("jo", "", "a800", 1, rate, min_seconds=600).session_id
+    with pytest.raises(InsufficientCredit):  # the pass is for one GPU
+        ledger.open_session("jo", "two", "a800", 2, rate, min_seconds=600)
