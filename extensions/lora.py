@@ -105,6 +105,9 @@ def plan(
         result.lora_r, result.save_every = 16, 50
     if max_steps is not None:
         result.max_steps = max_steps
+        # a short run still leaves checkpoints on the way (the notebook's 30 steps on a GPU
+        # saved only at the end: a server stopped in the middle lost them all)
+        result.save_every = min(result.save_every, max(1, max_steps // 3))
     return result
 
 
