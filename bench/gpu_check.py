@@ -30,6 +30,12 @@ What it runs, each part on its own (one failing does not lose the others' result
 4. While `lora` trains, a thread samples the GPU with the same `GpuMonitor` every second:
    busy during the steps, idle while the model loads.
 
+The wheels (that machine has no network; `.whl/` is in `.git/info/exclude`), fetched here:
+
+    python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 \
+        --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
+        --platform manylinux2014_x86_64 -d .whl comm==0.2.3 ipython==9.19.1 ipywidgets==8.1.9 jupyter_core==5.9.1 jupyter_server==2.21.1 platformdirs==4.14.9 pygments==2.21.0 tornado==6.6.1 traitlets==5.16.1
+
 On the GPU machine, from the repository root (the wheels carried as `.whl`):
 
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
