@@ -13,6 +13,8 @@ from pathlib import Path
 import requests
 import yaml
 
+from meterhub.spawner import procs
+
 ADMIN_TOKEN = "test-admin-token-" + "x" * 16
 MAX_WAIT_SECONDS = 90
 
@@ -150,17 +152,8 @@ class HubProcess:
     def service_pids(self, *words: bytes) -> list[int]:
         """This hub's managed services whose command line has `words` (b"billing",
         b"service"; b"ssh", b"serve"): they name its config file."""
-        found = []
-        for entry in os.listdir("/proc"):
-            if not entry.isdigit():
-                continue
-            try:
-                argv = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
-            except OSError:
-                continue
-            if str(self.config_path).encode() in argv and all(w in argv for w in words):
-                found.append(int(entry))
-        return found
+        config = str(self.config_path).encode()
+        return [p.pid for p in procs.scan() if config in p.argv and all(w in p.argv for w in words)]
 
     # -- REST API
     def api(self, method: str, path: str, token: str = ADMIN_TOKEN, **kwargs) -> requests.Response:

@@ -18,6 +18,7 @@ from meterhub.billing_hooks.db import connect
 from meterhub.billing_hooks.ledger import Ledger
 from meterhub.billing_hooks.money import to_micros
 from meterhub.billing_hooks.orm import Entry, MeteredSession
+from meterhub.spawner import procs
 from meterhub.spawner.local import (
     ProcessInfo,
     ServerRecord,
@@ -176,19 +177,7 @@ def test_data_dir_and_databases_are_private(box):
 def _sandbox_of(disk: str) -> tuple[int, int] | None:
     """(pid, process group) of a process whose command line names `disk`."""
     wanted = disk.encode()
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            argv = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if wanted in argv:
-            try:
-                return int(entry), os.getpgid(int(entry))
-            except ProcessLookupError:
-                continue
-    return None
+    return next(((p.pid, p.pgid) for p in procs.scan() if wanted in p.argv), None)
 
 
 def _billing_services(hub) -> list[int]:
