@@ -23,7 +23,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from sqlalchemy import func, select
+from sqlalchemy import bindparam, func, select
 from sqlalchemy.exc import IntegrityError
 
 from meterhub.i18n import _
@@ -52,6 +52,13 @@ from .wallets import USER_NAME, WalletRef, allowance_ref, fold, period_start
 
 if TYPE_CHECKING:
     from sqlalchemy.orm import Session
+
+#: built once (every spawn without a named wallet asks it, bench/ledger_spawn.py)
+_STUDENT_COURSES = (
+    select(CourseMember.course_name)
+    .where(CourseMember.user_name == bindparam("user"), CourseMember.role == "student")
+    .order_by(CourseMember.course_name)
+)
 
 
 @dataclass(frozen=True)
@@ -352,14 +359,8 @@ class Courses(LedgerPart):
 
     def student_courses(self, user: str) -> list[str]:
         """The courses `user` is a student of."""
-        with self.begin() as db:
-            return list(
-                db.scalars(
-                    select(CourseMember.course_name)
-                    .where(CourseMember.user_name == user, CourseMember.role == "student")
-                    .order_by(CourseMember.course_name)
-                )
-            )
+        with self.engine.begin() as connection:
+            return list(connection.execute(_STUDENT_COURSES, {"user": user}).scalars())
 
     def staff_courses(self, user: str) -> list[str]:
         """The courses `user` is a TA or an instructor of."""

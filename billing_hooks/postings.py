@@ -18,7 +18,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple, cast
 
-from sqlalchemy import func, select, text, update
+from sqlalchemy import bindparam, func, insert, select, text, update
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
@@ -144,6 +144,48 @@ def _no_fault(point: str) -> None:
 #: still makes it in its own, should it be missing)
 _WALLETS_MADE: weakref.WeakKeyDictionary[Engine, set[str]] = weakref.WeakKeyDictionary()
 
+# The statements of a spawn's path (open_session, mark_ready), built once with bound
+# parameters: building a statement from its columns' operators cost about as much as
+# running it (a burst of 200 spawns, bench/spawn_burst.py; bench/ledger_spawn.py)
+_WALLET = (
+    select(Wallet)
+    .where(Wallet.owner_kind == bindparam("kind"), Wallet.owner_name == bindparam("name"))
+    .execution_options(populate_existing=True)
+)
+_WALLET_LOCKED = _WALLET.with_for_update()
+_WALLET_BALANCE_LOCKED = (
+    select(Wallet.id, Wallet.balance_micros)
+    .where(Wallet.owner_kind == bindparam("kind"), Wallet.owner_name == bindparam("name"))
+    .with_for_update()
+)
+#: a wallet's passes that have not ended at `now`: those valid now and those to come
+_PASSES_NOT_ENDED = select(Pass.profile, Pass.gpus, Pass.starts_at, Pass.ends_at).where(
+    Pass.wallet_id == bindparam("wallet"), Pass.ends_at > bindparam("now")
+)
+_OPEN_ON_WALLET = select(
+    MeteredSession.user_name,
+    MeteredSession.profile,
+    MeteredSession.gpus,
+    MeteredSession.rate_micros_per_hour,
+).where(MeteredSession.wallet_id == bindparam("wallet"), MeteredSession.stopped_at.is_(None))
+_OPEN_OF_SERVER = select(MeteredSession.id).where(
+    MeteredSession.user_name == bindparam("user"),
+    MeteredSession.server_name == bindparam("server"),
+    MeteredSession.stopped_at.is_(None),
+)
+_NEW_SESSION = insert(MeteredSession)
+_MARK_READY = (
+    update(MeteredSession)
+    .where(
+        MeteredSession.id == bindparam("session"),
+        MeteredSession.ready_at.is_(None),
+        MeteredSession.stopped_at.is_(None),  # too late: it already stopped
+    )
+    .values(
+        ready_at=bindparam("at"), metered_through=bindparam("at"), last_seen_running=bindparam("at")
+    )
+)
+
 
 class Postings:
     if TYPE_CHECKING:
@@ -178,10 +220,8 @@ class Postings:
     def _wallet(self, db: Session, owner: str | WalletRef, lock: bool = False) -> Wallet | None:
         """The wallet of `owner`: a user name, `user:NAME` or `group:NAME`."""
         ref = as_ref(owner)
-        query = select(Wallet).where(Wallet.owner_kind == ref.kind, Wallet.owner_name == ref.name)
-        if lock:
-            query = query.with_for_update()
-        return db.scalars(query.execution_options(populate_existing=True)).first()
+        query = _WALLET_LOCKED if lock else _WALLET
+        return db.scalars(query, {"kind": ref.kind, "name": ref.name}).first()
 
     def _ensure_wallet(self, db: Session, owner: str | WalletRef) -> Wallet:
         """The wallet, locked; a user's is created with the trial credit exactly once, a
@@ -422,26 +462,32 @@ class Postings:
         if user not in _WALLETS_MADE.get(self.engine, ()):
             self.ensure_user(user)
         with self.begin() as db:
-            if payer.is_course:
-                account = self._course_payer(db, payer.name, user, now)
-            else:
-                account = self._ensure_wallet(db, payer)
+            connection = db.connection()
+            # the wallet, locked: its id and balance, read without the ORM where it exists
+            account: Any = None
+            if not payer.is_course:
+                account = connection.execute(
+                    _WALLET_BALANCE_LOCKED, {"kind": payer.kind, "name": payer.name}
+                ).first()
+            if account is None:
+                if payer.is_course:
+                    account = self._course_payer(db, payer.name, user, now)
+                else:
+                    account = self._ensure_wallet(db, payer)
             # a session left open for this server (the hub died mid-spawn) cannot be running
-            for stale in list(db.scalars(_open_sessions_of(user, server_name))):
+            stale_ids = connection.execute(
+                _OPEN_OF_SERVER, {"user": user, "server": server_name}
+            ).scalars()
+            for stale_id in list(stale_ids):
+                stale = db.get_one(MeteredSession, stale_id)
                 self._close(db, stale, stale.last_seen_running or stale.started_at, HUB)
-            valid = db.scalars(
-                select(Pass).where(
-                    Pass.wallet_id == account.id, Pass.starts_at <= now, Pass.ends_at > now
-                )
-            ).all()
+                db.flush()  # the reads below are Core's: they see only what is flushed
+            # the passes not ended: those valid now, and those that cover this one later on
+            passes = connection.execute(_PASSES_NOT_ENDED, {"wallet": account.id, "now": now}).all()
+            valid = [p for p in passes if p.starts_at <= now]
             open_sessions = [
                 other
-                for other in db.scalars(
-                    select(MeteredSession).where(
-                        MeteredSession.wallet_id == account.id,
-                        MeteredSession.stopped_at.is_(None),
-                    )
-                )
+                for other in connection.execute(_OPEN_ON_WALLET, {"wallet": account.id})
                 # a server a valid pass pays for needs no credit
                 if not any(p.profile == other.profile and p.gpus >= other.gpus for p in valid)
             ]
@@ -511,28 +557,25 @@ class Postings:
                                 **values,
                             )
                         raise CapReached(message)
-            session = MeteredSession(
-                wallet_id=account.id,
-                user_name=user,
-                server_name=server_name,
-                profile=profile,
-                gpus=gpus,
-                rate_micros_per_hour=rate_micros_per_hour,
-                started_at=now,
-                max_cost_micros=max_cost_micros,
-                max_seconds=max_seconds,
-                environment=environment,
+            inserted = connection.execute(
+                _NEW_SESSION,
+                {
+                    "wallet_id": account.id,
+                    "user_name": user,
+                    "server_name": server_name,
+                    "profile": profile,
+                    "gpus": gpus,
+                    "rate_micros_per_hour": rate_micros_per_hour,
+                    "started_at": now,
+                    "max_cost_micros": max_cost_micros,
+                    "max_seconds": max_seconds,
+                    "environment": environment,
+                },
             )
-            db.add(session)
-            db.flush()
-            covering = db.scalars(
-                select(Pass).where(
-                    Pass.wallet_id == account.id,
-                    Pass.profile == profile,
-                    Pass.gpus >= gpus,
-                    Pass.ends_at > now,
-                )
-            ).all()
+            key = inserted.inserted_primary_key
+            assert key is not None  # one row inserted
+            session_id = int(key[0])
+            covering = [p for p in passes if p.profile == profile and p.gpus >= gpus]
             runway = session_runway(
                 covered_until=covered_until(((p.starts_at, p.ends_at) for p in covering), now),
                 now=now,
@@ -541,21 +584,13 @@ class Postings:
                 max_cost_micros=max_cost_micros,
                 max_seconds=max_seconds,
             )
-            return Authorization(session.id, account.balance_micros, rate_micros_per_hour, runway)
+            return Authorization(session_id, account.balance_micros, rate_micros_per_hour, runway)
 
     def mark_ready(self, session_id: int, at: int | None = None) -> None:
         """Charging starts here. Idempotent: the first ready time wins."""
         at = self.clock() if at is None else at
-        with self.begin() as db:
-            db.execute(
-                update(MeteredSession)
-                .where(
-                    MeteredSession.id == session_id,
-                    MeteredSession.ready_at.is_(None),
-                    MeteredSession.stopped_at.is_(None),  # too late: it already stopped
-                )
-                .values(ready_at=at, metered_through=at, last_seen_running=at)
-            )
+        with self.engine.begin() as connection:  # one statement: no ORM session needed
+            connection.execute(_MARK_READY, {"session": session_id, "at": at})
 
     def charge(self, session_id: int, until: int, actor: str = METER) -> Entry | None:
         """Charge [metered_through, until) of a session; None when there is nothing to charge."""

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, NamedTuple, cast
 
-from sqlalchemy import and_, func, or_, select
+from sqlalchemy import and_, bindparam, func, or_, select
 
 from .orm import (
     AuditRun,
@@ -24,12 +24,19 @@ if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
     from contextlib import contextmanager
 
-    from sqlalchemy.engine import Row
+    from sqlalchemy.engine import Engine, Row
     from sqlalchemy.orm import Session
 
     from .wallets import WalletRef
 
 DAY = 86_400
+
+#: built once (a spawn reads it, bench/ledger_spawn.py): every price row in effect by `at`
+_PRICES_BY = (
+    select(Price.profile, Price.micros_per_hour)
+    .where(Price.effective_from <= bindparam("at"))
+    .order_by(Price.effective_from, Price.id)
+)
 
 
 class PriceChange(NamedTuple):
@@ -49,6 +56,7 @@ class Queries:
     if TYPE_CHECKING:
         # Postings provides these; Ledger puts the two together
         clock: Callable[[], int]
+        engine: Engine
 
         @contextmanager
         def begin(self) -> Iterator[Session]: ...
@@ -156,13 +164,8 @@ class Queries:
         profile's latest row effective by then. Profiles not listed use the site config."""
         at = self.clock() if at is None else at
         current: dict[str, int] = {}
-        with self.begin() as db:
-            rows = db.execute(
-                select(Price.profile, Price.micros_per_hour)
-                .where(Price.effective_from <= at)
-                .order_by(Price.effective_from, Price.id)
-            )
-            for profile, micros in rows:
+        with self.engine.begin() as connection:
+            for profile, micros in connection.execute(_PRICES_BY, {"at": at}):
                 current[profile] = micros  # a later row replaces an earlier one
         return current
 
