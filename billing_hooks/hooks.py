@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from dataclasses import dataclass
 
 from jupyterhub.utils import maybe_future
 from prometheus_client import Counter
@@ -76,33 +77,74 @@ async def authorize_spawn(spawner) -> None:
 
 
 async def _authorize_spawn(spawner) -> None:
-    settings = _settings(spawner)
+    # what the thread reads of the hub's objects, read here on the event loop (a user's
+    # groups are a relationship of the hub's ORM, which is not for other threads)
+    asked = SpawnAsk(
+        user=spawner.user.name,
+        server=spawner.name,
+        options=dict(spawner.user_options or {}),
+        groups=member_groups(spawner.user),
+    )
+    # one hop to a thread for the whole decision: each hop costs the hub's event loop
+    ledger, catalog, choice, wallet, auth = await asyncio.to_thread(
+        _authorize, spawner, _settings(spawner), asked
+    )
+    # a backend that can limit a server's run time (a Slurm job's --time) reads it
+    spawner.credit_seconds = auth.runway_seconds
+    with using(DEFAULT_LANGUAGE):  # the log is English, whoever spawns
+        label = choice.label
+    spawner.log.info(
+        "Billing session %s for %s: %s (%s) at %s/h, paid by %s",
+        auth.session_id,
+        spawner._log_name,
+        label,
+        catalog.environment_of(choice).slug,
+        choice.rate_per_hour,
+        wallet or f"user:{asked.user}",
+    )
+    _keep(asyncio.ensure_future(_record_ready(spawner, ledger, auth.session_id)))
+
+
+@dataclass(frozen=True)
+class SpawnAsk:
+    """Who asks for which server, with what options, as members of which hub groups."""
+
+    user: str
+    server: str
+    options: dict
+    groups: set[str]
+
+
+def _authorize(spawner, settings: BillingSettings, asked: SpawnAsk):
+    """Price the choice, pick the wallet that pays, and open the session (blocking: in a
+    thread). `spawner` is used for its configuration and log only. An HTTP error refuses."""
     try:
-        ledger = await settings.ledger_async()
-        catalog = await asyncio.to_thread(priced_catalog, spawner.config, ledger)
+        ledger = settings.ledger()
+        catalog = priced_catalog(spawner.config, ledger)
     except DBAPIError:
         spawner.log.exception("Ledger database error while pricing %s", spawner._log_name)
         raise web.HTTPError(503, _(BILLING_DOWN), reason="Billing unavailable") from None
     try:
-        choice = catalog.parse(spawner.user_options)
+        choice = catalog.parse(asked.options)
     except InvalidChoice as e:
         raise web.HTTPError(400, str(e), reason="Invalid profile") from None
     too_small = cap_refusal(choice, settings, ledger.currency)
     if too_small:
         raise web.HTTPError(400, too_small, reason="Limit too small")
     try:
-        wallet = await paying_wallet(spawner, ledger, choice.profile.slug, choice.gpus)
+        wallet = paying_wallet(
+            ledger, asked.user, asked.groups, asked.options, choice.profile.slug, choice.gpus
+        )
         if wallet is not None and wallet.is_course:
-            course = await asyncio.to_thread(ledger.course, wallet.name)
+            course = ledger.course(wallet.name)
             refusal = course and course_refusal(
                 course, choice.profile.slug, choice.gpus, ledger.clock()
             )
             if refusal:
                 raise web.HTTPError(403, refusal, reason="Not paid by the course")
-        auth = await asyncio.to_thread(
-            ledger.open_session,
-            spawner.user.name,
-            spawner.name,
+        auth = ledger.open_session(
+            asked.user,
+            asked.server,
             choice.profile.slug,
             choice.gpus,
             to_micros(choice.rate_per_hour),
@@ -120,20 +162,7 @@ async def _authorize_spawn(spawner) -> None:
     except DBAPIError:
         spawner.log.exception("Ledger database error while authorizing %s", spawner._log_name)
         raise web.HTTPError(503, _(BILLING_DOWN), reason="Billing unavailable") from None
-    # a backend that can limit a server's run time (a Slurm job's --time) reads it
-    spawner.credit_seconds = auth.runway_seconds
-    with using(DEFAULT_LANGUAGE):  # the log is English, whoever spawns
-        label = choice.label
-    spawner.log.info(
-        "Billing session %s for %s: %s (%s) at %s/h, paid by %s",
-        auth.session_id,
-        spawner._log_name,
-        label,
-        catalog.environment_of(choice).slug,
-        choice.rate_per_hour,
-        wallet or f"user:{spawner.user.name}",
-    )
-    _keep(asyncio.ensure_future(_record_ready(spawner, ledger, auth.session_id)))
+    return ledger, catalog, choice, wallet, auth
 
 
 def cap_refusal(choice, settings: BillingSettings, currency: str) -> str:
@@ -170,26 +199,32 @@ def member_groups(user) -> set[str]:
     return {group.name for group in getattr(user, "groups", None) or ()}
 
 
-async def paying_wallet(spawner, ledger, profile: str = "debug", gpus: int = 0) -> WalletRef | None:
+def paying_wallet(
+    ledger,
+    user: str,
+    groups: set[str],
+    options: dict | None = None,
+    profile: str = "debug",
+    gpus: int = 0,
+) -> WalletRef | None:
     """The wallet the user options name (`"wallet": "group:vision"`), checked against the
-    user's JupyterHub groups (a course: its roster) now; without one, a course of theirs
-    with allowance left that pays for this choice now, else a group of theirs that pays for
-    its members by default, else None (their own wallet). HTTP 400 for a malformed
-    reference, 403 for a wallet they may not pay from."""
-    raw = (spawner.user_options or {}).get("wallet")
-    groups = member_groups(spawner.user)
+    user's JupyterHub `groups` (`member_groups`; a course: its roster) now; without one, a
+    course of theirs with allowance left that pays for this choice now, else a group of
+    theirs that pays for its members by default, else None (their own wallet). HTTP 400 for
+    a malformed reference, 403 for a wallet they may not pay from (blocking: the ledger)."""
+    raw = (options or {}).get("wallet")
     if raw is None or raw == "":
-        course = await asyncio.to_thread(ledger.default_course, spawner.user.name, profile, gpus)
+        course = ledger.default_course(user, profile, gpus)
         if course:
             return WalletRef("course", course)
-        defaults = await asyncio.to_thread(ledger.default_group_wallets, groups)
+        defaults = ledger.default_group_wallets(groups)
         return WalletRef("group", defaults[0]) if defaults else None
     try:
         ref = parse_wallet(raw)
     except WalletRefError as e:
         raise web.HTTPError(400, _("wallet: %(error)s", error=e), reason="Invalid wallet") from None
     if ref.is_course:
-        member = await asyncio.to_thread(ledger.course_member, ref.name, spawner.user.name)
+        member = ledger.course_member(ref.name, user)
         if member is None or member.role != "student":
             raise web.HTTPError(
                 403,
@@ -202,7 +237,7 @@ async def paying_wallet(spawner, ledger, profile: str = "debug", gpus: int = 0) 
             )
         return ref
     if not ref.is_group:
-        if ref.name != spawner.user.name:
+        if ref.name != user:
             raise web.HTTPError(
                 403,
                 _("You can pay only from your own wallet or a group's you belong to"),

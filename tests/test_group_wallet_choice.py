@@ -1,12 +1,10 @@
 """Which wallet pays for a spawn: the user options, the member's groups now, the defaults.
 
-`paying_wallet` is the pre-spawn hook's first step; here with a stand-in spawner (a hub user
-with groups) and a real ledger. The real-hub path is in test_groups_hub.py.
+`paying_wallet` is a step of the pre-spawn hook; here with a user's hub groups (by name) and
+a real ledger. The real-hub path is in test_groups_hub.py.
 """
 
 from __future__ import annotations
-
-from types import SimpleNamespace
 
 import pytest
 from tornado import web
@@ -16,11 +14,6 @@ from meterhub.billing_hooks.wallets import WalletRef, WalletRefError, parse_wall
 from meterhub.spawner.catalog import Catalog
 
 from .billing_support import make_ledger
-
-
-def spawner_of(user: str, groups: list[str], options: dict):
-    hub_user = SimpleNamespace(name=user, groups=[SimpleNamespace(name=g) for g in groups])
-    return SimpleNamespace(user=hub_user, user_options=options)
 
 
 @pytest.fixture
@@ -42,8 +35,8 @@ def ledger():
         (["kab"], {"wallet": "group:kab"}, WalletRef("group", "kab")),
     ],
 )
-async def test_the_wallet_that_pays(ledger, groups, options, expected):
-    assert await paying_wallet(spawner_of("ann", groups, options), ledger) == expected
+def test_the_wallet_that_pays(ledger, groups, options, expected):
+    assert paying_wallet(ledger, "ann", set(groups), options) == expected
 
 
 @pytest.mark.parametrize(
@@ -61,9 +54,9 @@ async def test_the_wallet_that_pays(ledger, groups, options, expected):
         (["kab"], {"wallet": "group:\u212aab"}, 400, "invalid group name"),
     ],
 )
-async def test_wallets_one_may_not_pay_from(ledger, groups, options, status, words):
+def test_wallets_one_may_not_pay_from(ledger, groups, options, status, words):
     with pytest.raises(web.HTTPError) as e:
-        await paying_wallet(spawner_of("ann", groups, options), ledger)
+        paying_wallet(ledger, "ann", set(groups), options)
     assert e.value.status_code == status and words in e.value.log_message
 
 
