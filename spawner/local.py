@@ -243,15 +243,19 @@ def record_path(data_dir: str, owner: str) -> str:
 
 
 def write_record(data_dir: str, record: ServerRecord) -> None:
-    """Write (or replace) a server's record atomically, readable by the hub's user only."""
+    """Write (or replace) a server's record atomically, readable by the hub's user only.
+
+    Not fsync'd: a record finds a server that outlived the hub's process, and the page
+    cache outlives the process too; a crash of the whole machine ends its servers with it
+    (a record it leaves torn is read as no record). An fsync was three times a write's CPU,
+    twice a start (bench/spawn_burst.py).
+    """
     os.makedirs(records_dir(data_dir), mode=0o700, exist_ok=True)
     path = record_path(data_dir, record.owner)
     temporary = path + ".tmp"
     fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as f:
         f.write(record.to_json())
-        f.flush()
-        os.fsync(f.fileno())
     os.chmod(temporary, 0o600)  # in case a crash left it with another mode
     os.replace(temporary, path)
 
@@ -1131,13 +1135,25 @@ class LocalGPUSpawner(FolderEnvironments, LocalProcessSpawner):
         self.gpu_indices = [gpu.index for gpu in gpus]
         self.cgroup_dirs = []
         disk_lock = disk_archive.DiskLock(self.data_dir, disk_dirname(self.user.name))
+        # the user's groups are the hub ORM's: read on the event loop, not in the thread
+        groups = shared_folder_groups(self.user, self.log) if self.group_folders else []
         try:
             await self._claim_disk(disk_lock)
             self._progress(40, N_("Preparing disk"))
-            disk = await asyncio.to_thread(self._prepare_disk, sandboxed)
-            folders = await asyncio.to_thread(self._prepare_group_folders, disk, sandboxed)
+            # the disk, the group folders and the cgroups in one thread hop: each hop costs
+            # the hub's event loop (a burst of 200 starts, bench/spawn_burst.py)
+            disk, folders, limits = await asyncio.to_thread(
+                self._prepare_host, choice, sandboxed, groups
+            )
             self.group_gids = list(folders.gids)
-            await self._limit_resources(choice)
+            if limits is not None:
+                self.cgroup_dirs, self.oom_baseline = limits
+                self._progress(
+                    50,
+                    N_("Limited to %(cpu)s CPU cores and %(memory)s GiB memory"),
+                    cpu=choice.cpu,
+                    memory=choice.memory_gib,
+                )
             self.cpu_limit = float(choice.cpu)
             self.mem_limit = choice.memory_gib * GIB
             self.notebook_dir = self.disk_mount_path if sandboxed else disk
@@ -1148,8 +1164,18 @@ class LocalGPUSpawner(FolderEnvironments, LocalProcessSpawner):
                 env["HOME"] = self.disk_mount_path
             cmd = [os.path.join(self.env_prefix, "bin", "jupyterhub-singleuser")]
             cmd += self.get_args()
+            record = ServerRecord(
+                owner=self.owner_key,
+                marker=disk,
+                started_at=int(time.time()),
+                gpu_indices=tuple(self.gpu_indices),
+                cgroups=tuple(self.cgroup_dirs),
+            )
+            files, ids_named = await asyncio.to_thread(
+                self._write_start_files, record, sandboxed, folders
+            )
+            disk_lock.release()  # the record names the disk now: nothing archives it
             if sandboxed:
-                files = await asyncio.to_thread(self._write_identity_files, folders.names)
                 spec = SandboxSpec(
                     disk=disk,
                     disk_mount=self.disk_mount_path,
@@ -1178,20 +1204,6 @@ class LocalGPUSpawner(FolderEnvironments, LocalProcessSpawner):
                 # the same root as JUPYTERHUB_ROOT_DIR, named on the command line as the marker
                 cmd.append(f"--ServerApp.root_dir={disk}")
                 self._progress(60, N_("Starting JupyterLab (no sandbox)"))
-            record = ServerRecord(
-                owner=self.owner_key,
-                marker=disk,
-                started_at=int(time.time()),
-                gpu_indices=tuple(self.gpu_indices),
-                cgroups=tuple(self.cgroup_dirs),
-            )
-            await asyncio.to_thread(write_record, self.data_dir, record)
-            disk_lock.release()  # the record names the disk now: nothing archives it
-            ids_named = False
-            if not sandboxed and self.run_as is not None:
-                ids_named = await asyncio.to_thread(
-                    named_like_ids, *self.run_as, tuple(self.group_gids)
-                )
             cmd, preexec = self._launch(cmd, sandboxed, ids_named)
             self.proc = Popen(
                 cmd,
@@ -1243,9 +1255,21 @@ class LocalGPUSpawner(FolderEnvironments, LocalProcessSpawner):
             )
         await asyncio.to_thread(forget_server, self.data_dir, record, self.log)
 
-    async def _limit_resources(self, choice: Choice) -> None:
-        """Make the server's cgroup with its profile's limits (sets `cgroup_dirs`)."""
-        layout, why = await asyncio.to_thread(resource_limits_status, self.resource_limits)
+    def _prepare_host(
+        self, choice: Choice, sandboxed: bool, groups: list[SharedGroup]
+    ) -> tuple[str, GroupFolders, tuple[list[str], int] | None]:
+        """What a start makes on the host before the server runs (blocking): the disk, the
+        group folders' mount points and the server's cgroups; the disk, the folders and
+        (cgroup folders, OOM kills so far), None without limits."""
+        disk = self._prepare_disk(sandboxed)
+        folders = self._prepare_group_folders(disk, sandboxed, groups)
+        return disk, folders, self._make_cgroups(choice)
+
+    def _make_cgroups(self, choice: Choice) -> tuple[list[str], int] | None:
+        """Make the server's cgroups with its profile's limits (blocking): their folders and
+        the OOM kills counted in them so far; None when the server runs without limits
+        (an HTTP error when `resource_limits = cgroup` and they cannot be made)."""
+        layout, why = resource_limits_status(self.resource_limits)
         if layout is None:
             if self.resource_limits == "cgroup":
                 raise web.HTTPError(
@@ -1259,14 +1283,13 @@ class LocalGPUSpawner(FolderEnvironments, LocalProcessSpawner):
                     reason="No resource limits",
                 )
             _warn_without_limits(self.log, why)
-            return
-        self.cgroup_dirs = list(layout.server_dirs(self.cgroup_name))
+            return None
+        dirs = list(layout.server_dirs(self.cgroup_name))
         try:
-            await asyncio.to_thread(
-                cgroups.create, layout, self.cgroup_name, choice.cpu, choice.memory_gib * GIB
-            )
-            self.oom_baseline = await asyncio.to_thread(cgroups.oom_kills, self.cgroup_dirs)
+            cgroups.create(layout, self.cgroup_name, choice.cpu, choice.memory_gib * GIB)
+            return dirs, cgroups.oom_kills(dirs)
         except OSError as e:
+            cgroups.remove(dirs)
             if self.resource_limits == "cgroup":
                 raise web.HTTPError(
                     500,
@@ -1276,15 +1299,20 @@ class LocalGPUSpawner(FolderEnvironments, LocalProcessSpawner):
             self.log.warning(
                 "Starting %s WITHOUT CPU/memory limits: its cgroup failed: %s", self._log_name, e
             )
-            await asyncio.to_thread(cgroups.remove, self.cgroup_dirs)
-            self.cgroup_dirs = []
-            return
-        self._progress(
-            50,
-            N_("Limited to %(cpu)s CPU cores and %(memory)s GiB memory"),
-            cpu=choice.cpu,
-            memory=choice.memory_gib,
-        )
+            return None
+
+    def _write_start_files(
+        self, record: ServerRecord, sandboxed: bool, folders: GroupFolders
+    ) -> tuple[dict[str, str], bool]:
+        """The last files before the server runs (blocking): the sandbox's /etc/passwd and
+        /etc/group, and the server's record; and whether the host names a user or group
+        like one of the server's ids (`_launch`)."""
+        files = self._write_identity_files(folders.names) if sandboxed else {}
+        write_record(self.data_dir, record)
+        ids_named = False
+        if not sandboxed and self.run_as is not None:
+            ids_named = named_like_ids(*self.run_as, tuple(self.group_gids))
+        return files, ids_named
 
     def _launch(
         self, cmd: list[str], sandboxed: bool, ids_named: bool = False
@@ -1408,13 +1436,21 @@ class LocalGPUSpawner(FolderEnvironments, LocalProcessSpawner):
         record names the disk; put an archived disk back; start measuring it against the
         quota (never waited for under the lock: see `_warn_over_quota`). A disk that cannot
         be restored fails the spawn: never a start on an empty disk."""
-        if not await asyncio.to_thread(lock.acquire):
-            self._progress(30, N_("Waiting for your disk's archiving to finish"))
-            while not await asyncio.to_thread(lock.acquire):
-                await asyncio.sleep(DISK_LOCK_POLL_SECONDS)
         folder = self.disk_archive_dir
+
+        def take() -> tuple[bool, disk_archive.Archived | None]:
+            # the lock and, once held, whether the disk is archived: one thread hop
+            if not lock.acquire():
+                return False, None
+            return True, disk_archive.archived(folder)
+
         try:
-            marker = await asyncio.to_thread(disk_archive.archived, folder)
+            taken, marker = await asyncio.to_thread(take)
+            if not taken:
+                self._progress(30, N_("Waiting for your disk's archiving to finish"))
+                while not taken:
+                    await asyncio.sleep(DISK_LOCK_POLL_SECONDS)
+                    taken, marker = await asyncio.to_thread(take)
             if marker is not None:
                 size = disk_archive.gib(marker.disk_bytes)
                 self._progress(
@@ -1512,9 +1548,13 @@ class LocalGPUSpawner(FolderEnvironments, LocalProcessSpawner):
         """The gid a group's folder belongs to; None when servers run as the hub's user."""
         return None if self.run_as is None else self.group_gid_base + group.id
 
-    def _prepare_group_folders(self, disk: str, sandboxed: bool) -> GroupFolders:
-        """The user's groups' folders and their mount points on the disk (blocking)."""
-        groups = shared_folder_groups(self.user, self.log) if self.group_folders else []
+    def _prepare_group_folders(
+        self, disk: str, sandboxed: bool, groups: list[SharedGroup] | None = None
+    ) -> GroupFolders:
+        """The folders of the user's groups with one (`groups`; by default, read from the
+        hub user now) and their mount points on the disk (blocking)."""
+        if groups is None:
+            groups = shared_folder_groups(self.user, self.log) if self.group_folders else []
         root = self.shared_root
         if groups:
             os.makedirs(root, mode=0o700, exist_ok=True)

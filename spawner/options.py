@@ -153,11 +153,19 @@ class FolderEnvironments(CatalogOptions):
     def _default_env_prefix(self):
         return self.server_env_prefix
 
+    #: (choice, its environment's prefix) that `check_ready` found, for the start that follows
+    _checked: tuple[Choice, str] | None = None
+
     async def resolve_environment(self, choice: Choice) -> None:
+        # the check of this spawn's options just found it: no second look (a thread hop)
+        checked, self._checked = self._checked, None
+        if checked is not None and checked[0] == choice:
+            self.env_prefix = checked[1]
+            return
         self.env_prefix = await asyncio.to_thread(ready_environment_prefix, self, choice)
 
     def check_ready(self, choice: Choice) -> None:
-        ready_environment_prefix(self, choice)
+        self._checked = (choice, ready_environment_prefix(self, choice))
 
     def environment_refusal(self, environment: Environment) -> str:
         try:
