@@ -392,6 +392,9 @@ def main() -> None:
         help="also: py-spy each hub (and meterhub's billing service) through its first burst",
     )
     parser.add_argument(
+        "--profile-rate", type=int, default=50, metavar="HZ", help="py-spy's samples a second"
+    )
+    parser.add_argument(
         "--fast-probe",
         action="store_true",
         help="experiment: meterhub's liveness probe reads the group leader before scanning /proc",
@@ -462,7 +465,7 @@ def main() -> None:
                     hub, options = hubs[label]
                     spy = None
                     if args.profile and round_no == 0:
-                        spy = profile(tmp, label, counted[label], args.profile)
+                        spy = profile(label, counted[label], args.profile, args.profile_rate)
                     yappi_pid = hub.proc.pid if args.yappi and round_no == 0 else None
                     perf_out = None
                     if args.perf and round_no == 0:
@@ -495,13 +498,13 @@ def main() -> None:
             print(f"py-spy profiles (collapsed stacks): {PROFILE_DIR}/spawn_burst-*.txt")
 
 
-def profile(tmp: str, label: str, pids: dict[str, int], seconds: int) -> list:
+def profile(label: str, pids: dict[str, int], seconds: int, rate: int) -> list:
     """py-spy record of each counted process for `seconds` (raw text, for `--format raw`)."""
     spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
     procs = []
     for what, pid in pids.items():
         out = PROFILE_DIR / f"spawn_burst-{label}-{what}.txt"
-        command = [spy, "record", "-p", str(pid), "-d", str(seconds), "-r", "50"]
+        command = [spy, "record", "-p", str(pid), "-d", str(seconds), "-r", str(rate)]
         command += ["--format", "raw", "-o", str(out), "--nonblocking"]
         procs.append((subprocess.Popen(command, stdout=subprocess.DEVNULL), out))
     time.sleep(1)
