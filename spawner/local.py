@@ -724,9 +724,8 @@ async def accepts_connections(ip: str, port: int) -> bool:
     its part, or a full queue of connections), and for a host name, asyncio connects and
     waits a second at most; no answer then counts as not listening.
     """
-    try:
-        family = socket.AF_INET6 if ipaddress.ip_address(ip).version == 6 else socket.AF_INET
-    except ValueError:
+    family = _address_family(ip)
+    if family is None:
         return await _connects(ip, port)
     with socket.socket(family, socket.SOCK_STREAM) as sock:
         sock.setblocking(False)
@@ -741,6 +740,16 @@ async def accepts_connections(ip: str, port: int) -> bool:
     if error is None:
         return await _connects(ip, port)
     return error == 0
+
+
+@functools.lru_cache(maxsize=64)
+def _address_family(ip: str) -> socket.AddressFamily | None:
+    """The socket family of an IP address; None for a host name (parsed once an address:
+    a burst's port waits asked it thousands of times)."""
+    try:
+        return socket.AF_INET6 if ipaddress.ip_address(ip).version == 6 else socket.AF_INET
+    except ValueError:
+        return None
 
 
 async def _connects(host: str, port: int, timeout: float = 1) -> bool:
