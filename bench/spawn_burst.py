@@ -21,7 +21,8 @@ which servers are ready.
 
 Experiments (bench-only patches in meterhub's `jupyterhub_config.d`, not meterhub's code):
 `--fast-probe` (the liveness probe reads the group leader before scanning /proc) and
-`--slow-port-wait` (the spawner's port wait connects every 1 s instead of every 0.1 s).
+`--slow-port-wait` (the spawner's port wait connects every 1 s instead of every 0.1 s) and
+`--no-limits` (servers start without their cgroups: `resource_limits = "off"`).
 `--profile SECONDS` records each hub (and meterhub's billing service) with py-spy (`pip install
 py-spy`: wall time of running threads); `--yappi` profiles each hub's burst on CPU time (`pip
 install yappi`; it inflates call-heavy Python, so it says where rather than how much); `--perf`
@@ -63,6 +64,11 @@ COMMON_CONFIG = """
 c.Spawner.start_timeout = {timeout}
 c.Spawner.http_timeout = {timeout}
 c.JupyterHub.concurrent_spawn_limit = {users}
+"""
+
+#: `--no-limits`, an experiment: no cgroup per server (what the hub's CPU owes to them)
+NO_LIMITS = """
+c.LocalGPUSpawner.resource_limits = "off"
 """
 
 #: `--fast-probe`, an experiment (not meterhub's code): `group_has_live_members` reads the
@@ -216,8 +222,14 @@ def find_child(pid: int, needle: str) -> int:
 
 def cpu_seconds(pid: int) -> float:
     """The process's own user+system CPU (all its threads; not its reaped children's)."""
+    return sum(cpu_split(pid))
+
+
+def cpu_split(pid: int) -> tuple[float, float]:
+    """The process's own user and system CPU seconds."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    tick = os.sysconf("SC_CLK_TCK")
+    return int(fields[11]) / tick, int(fields[12]) / tick
 
 
 def proxy_routes(pid: int, port: int):
@@ -267,6 +279,7 @@ def burst(
     counted: dict[str, int],
     yappi_pid: int | None = None,
     perf_out: Path | None = None,
+    together: threading.Barrier | None = None,
 ) -> dict:
     """Spawn every user at once; wait until each is ready or failed; stop them all.
     With `yappi_pid`, that hub's yappi counts only the burst (`--yappi`); with `perf_out`,
@@ -296,10 +309,13 @@ def burst(
         perf = subprocess.Popen([*command, str(perf_out)], stderr=subprocess.DEVNULL)
         time.sleep(1)
     before = {what: cpu_seconds(pid) for what, pid in counted.items()}
+    hub_before = cpu_split(counted["hub"])
     proxy_before = cpu_seconds(proxy)
     pool = ThreadPoolExecutor(len(names))
     for name in names:
         pool.submit(spawn, name)
+    if together is not None:  # `--together`: the other hub's burst is released with this one
+        together.wait()
     go.wait()
     start = time.perf_counter()
     failed: set[str] = set()
@@ -316,6 +332,9 @@ def burst(
         time.sleep(0.1)
     wall = time.perf_counter() - start
     cpu = {what: cpu_seconds(pid) - before[what] for what, pid in counted.items()}
+    hub_user, hub_system = (
+        b - a for a, b in zip(hub_before, cpu_split(counted["hub"]), strict=True)
+    )
     proxy_cpu = cpu_seconds(proxy) - proxy_before
     if yappi_pid:
         os.kill(yappi_pid, signal.SIGUSR2)
@@ -357,6 +376,8 @@ def burst(
         "replies": codes,
         "wall": wall,
         "cpu": cpu,
+        "hub_user": hub_user,
+        "hub_system": hub_system,
         "proxy_cpu": proxy_cpu,
         "p50": statistics.median(times) if times else float("nan"),
         "p95": times[min(len(times) - 1, int(0.95 * len(times)))] if times else float("nan"),
@@ -369,7 +390,8 @@ def show(label: str, r: dict) -> str:
     return (
         f"{label}: {r['ready']} ready ({r['answering']} answering through the proxy),"
         f" {r['failed']} failed, replies {r['replies']}; wall {r['wall']:.1f} s;"
-        f" CPU {cpu} = {sum(r['cpu'].values()):.1f} s (proxy {r['proxy_cpu']:.1f} s);"
+        f" CPU {cpu} = {sum(r['cpu'].values()):.1f} s (hub: user {r['hub_user']:.1f},"
+        f" system {r['hub_system']:.1f}; proxy {r['proxy_cpu']:.1f} s);"
         f" time to ready p50 {r['p50']:.1f} s, p95 {r['p95']:.1f} s, max {r['max']:.1f} s"
     )
 
@@ -400,6 +422,11 @@ def main() -> None:
         help="experiment: meterhub's liveness probe reads the group leader before scanning /proc",
     )
     parser.add_argument(
+        "--no-limits",
+        action="store_true",
+        help="experiment: meterhub's servers start without cgroups (resource_limits off)",
+    )
+    parser.add_argument(
         "--slow-port-wait",
         action="store_true",
         help="experiment: meterhub's spawner waits 1 s, not 0.1 s, between connects to the port",
@@ -415,14 +442,22 @@ def main() -> None:
         help="also: perf record (CPU samples, C stacks) of each hub through its first burst",
     )
     parser.add_argument("--stock-first", action="store_true", help="stock's burst first")
+    parser.add_argument(
+        "--together",
+        action="store_true",
+        help="both hubs' bursts at the same moment, on the same machine's moment-to-moment"
+        " speed (each round one burst on each, released together)",
+    )
     parser.add_argument("--only", choices=("meterhub", "stock"), help="burst on one hub only")
     args = parser.parse_args()
     names = [f"b{i}" for i in range(args.users)]
     with tempfile.TemporaryDirectory(ignore_cleanup_errors=True) as tmp:
         os.chmod(tmp, 0o755)  # servers run as their own uids and must reach the script
         script = write_mocksu(Path(tmp) / "mocksu")
-        experiments = (FAST_PROBE if args.fast_probe else "") + (
-            SLOW_PORT_WAIT if args.slow_port_wait else ""
+        experiments = (
+            (FAST_PROBE if args.fast_probe else "")
+            + (SLOW_PORT_WAIT if args.slow_port_wait else "")
+            + (NO_LIMITS if args.no_limits else "")
         )
         yappi = {
             label: YAPPI.format(out=str(PROFILE_DIR / f"spawn_burst-{label}.pstat"))
@@ -457,7 +492,24 @@ def main() -> None:
                 create_users(hub, names)
                 hub.spawn(names[0], options)  # warm up: imports, caches, the demo pool
                 hub.stop_server(names[0])
-            for round_no in range(args.rounds):
+            for round_no in range(args.rounds if args.together else 0):
+                pair = threading.Barrier(2)
+                with ThreadPoolExecutor(2) as both:
+                    futures = {
+                        label: both.submit(
+                            burst,
+                            hubs[label][0],
+                            names,
+                            hubs[label][1],
+                            counted[label],
+                            together=pair,
+                        )
+                        for label in ("meterhub", "stock")
+                    }
+                for label, future in futures.items():
+                    results[label].append(future.result())
+                    print(f"round {round_no + 1} (together) " + show(label, results[label][-1]))
+            for round_no in range(0 if args.together else args.rounds):
                 order = ["meterhub", "stock"] if round_no % 2 == 0 else ["stock", "meterhub"]
                 order = order[::-1] if args.stock_first else order
                 order = [label for label in order if args.only in (None, label)]
