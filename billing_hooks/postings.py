@@ -158,6 +158,8 @@ _WALLET_BALANCE_LOCKED = (
     .where(Wallet.owner_kind == bindparam("kind"), Wallet.owner_name == bindparam("name"))
     .with_for_update()
 )
+#: a wallet's balance again, under the lock this transaction holds on it
+_WALLET_BALANCE = select(Wallet.id, Wallet.balance_micros).where(Wallet.id == bindparam("wallet"))
 #: a wallet's passes that have not ended at `now`: those valid now and those to come
 _PASSES_NOT_ENDED = select(Pass.profile, Pass.gpus, Pass.starts_at, Pass.ends_at).where(
     Pass.wallet_id == bindparam("wallet"), Pass.ends_at > bindparam("now")
@@ -480,8 +482,12 @@ class Postings:
             ).scalars()
             for stale_id in list(stale_ids):
                 stale = db.get_one(MeteredSession, stale_id)
-                self._close(db, stale, stale.last_seen_running or stale.started_at, HUB)
+                charged = self._close(db, stale, stale.last_seen_running or stale.started_at, HUB)
                 db.flush()  # the reads below are Core's: they see only what is flushed
+                if charged is not None and charged.wallet_id == account.id:
+                    # its last window was charged to this wallet: the balance read above is
+                    # stale (an ORM wallet was moved by the charge; a Core row is not)
+                    account = connection.execute(_WALLET_BALANCE, {"wallet": account.id}).one()
             # the passes not ended: those valid now, and those that cover this one later on
             passes = connection.execute(_PASSES_NOT_ENDED, {"wallet": account.id, "now": now}).all()
             valid = [p for p in passes if p.starts_at <= now]

@@ -3,7 +3,7 @@
 import threading
 
 import pytest
-from sqlalchemy import text
+from sqlalchemy import event, text
 
 from meterhub.billing_hooks.clock import FakeClock
 from meterhub.billing_hooks.db import SchemaMismatch, connect, current_revision, head_revision
@@ -65,6 +65,45 @@ def test_concurrent_spawns_cannot_together_overspend(make_ledger):
     ledger.open_session("di", "", "a800", 1, A800, min_seconds=600)  # needs 0.75
     with pytest.raises(InsufficientCredit, match="with your running servers"):
         ledger.open_session("di", "gpu2", "a800", 1, A800, min_seconds=600)  # 1.50 > 1.00
+
+
+def test_a_stale_session_a_spawn_closes_is_charged_before_its_credit_check(make_ledger):
+    """A session the hub left open for this server (it died mid-spawn) is closed, and its
+    last window charged, by the next spawn of the server in the same transaction: that
+    charge is no longer credit, for the check and for the balance the spawn reports."""
+    ledger, clock = make_ledger(trial_credit_micros=to_micros("1.00"))
+    auth = ledger.open_session("sol", "", "a800", 1, A800, min_seconds=600)
+    ledger.mark_ready(auth.session_id)
+    clock.advance(3600)
+    with ledger.begin() as db:  # seen running for an hour, none of it charged yet
+        db.execute(text("UPDATE sessions SET last_seen_running = :t"), {"t": clock.now})
+    with pytest.raises(InsufficientCredit):  # ¥1.00 - ¥4.50: nothing left for debug mode
+        ledger.open_session("sol", "", "debug", 0, to_micros("0.10"), min_seconds=600)
+    assert [s.id for s in ledger.open_sessions()] == [auth.session_id]  # rolled back
+    ledger.grant("sol", 10 * MICROS, key="grant:sol")
+    again = ledger.open_session("sol", "", "debug", 0, to_micros("0.10"), min_seconds=600)
+    assert again.balance_micros == ledger.balance("sol") == 11 * MICROS - accrued(A800, 3600)
+    assert [s.id for s in ledger.open_sessions()] == [again.session_id]
+    assert ledger.audit() == []
+
+
+def test_the_spawns_core_transactions_take_sqlites_write_lock_at_begin(tmp_path):
+    """mark_ready, the price overrides and a student's courses run on Core connections
+    (engine.begin()): on SQLite each begins with BEGIN IMMEDIATE, as the ORM's do."""
+    engine = connect(f"sqlite:///{tmp_path}/ledger.sqlite")
+    ledger = Ledger(engine, clock=FakeClock())
+    auth = ledger.open_session("tia", "", "debug", 0, to_micros("0.10"), min_seconds=60)
+    statements: list[str] = []
+
+    @event.listens_for(engine, "before_cursor_execute")
+    def _seen(_conn, _cursor, statement, *_rest):
+        statements.append(statement)
+
+    ledger.mark_ready(auth.session_id)
+    ledger.price_overrides()
+    ledger.student_courses("tia")
+    assert [s for s in statements if s.startswith("BEGIN")] == ["BEGIN IMMEDIATE"] * 3
+    assert statements[0] == "BEGIN IMMEDIATE"
 
 
 def test_charges_from_ready_to_stop_per_second_and_exactly(make_ledger):
