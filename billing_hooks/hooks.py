@@ -84,6 +84,7 @@ async def _authorize_spawn(spawner) -> None:
         server=spawner.name,
         options=dict(spawner.user_options or {}),
         groups=member_groups(spawner.user),
+        log_name=spawner._log_name,  # the user's name: a column of the hub's ORM too
     )
     # one hop to a thread for the whole decision: each hop costs the hub's event loop
     ledger, catalog, choice, wallet, auth = await asyncio.to_thread(
@@ -113,16 +114,19 @@ class SpawnAsk:
     server: str
     options: dict
     groups: set[str]
+    #: how the hub's log names the server (`Spawner._log_name`)
+    log_name: str = ""
 
 
 def _authorize(spawner, settings: BillingSettings, asked: SpawnAsk):
     """Price the choice, pick the wallet that pays, and open the session (blocking: in a
-    thread). `spawner` is used for its configuration and log only. An HTTP error refuses."""
+    thread). `spawner` is used for its configuration and log only (never its user: the
+    hub's ORM objects are not for other threads). An HTTP error refuses."""
     try:
         ledger = settings.ledger()
         catalog = priced_catalog(spawner.config, ledger)
     except DBAPIError:
-        spawner.log.exception("Ledger database error while pricing %s", spawner._log_name)
+        spawner.log.exception("Ledger database error while pricing %s", asked.log_name)
         raise web.HTTPError(503, _(BILLING_DOWN), reason="Billing unavailable") from None
     try:
         choice = catalog.parse(asked.options)
@@ -160,7 +164,7 @@ def _authorize(spawner, settings: BillingSettings, asked: SpawnAsk):
     except UnknownWallet as e:
         raise web.HTTPError(403, str(e), reason="No such wallet") from None
     except DBAPIError:
-        spawner.log.exception("Ledger database error while authorizing %s", spawner._log_name)
+        spawner.log.exception("Ledger database error while authorizing %s", asked.log_name)
         raise web.HTTPError(503, _(BILLING_DOWN), reason="Billing unavailable") from None
     return ledger, catalog, choice, wallet, auth
 
