@@ -142,6 +142,42 @@ def test_oom_kill_counts_of_v1_and_v2():
     assert cgroups.parse_oom_kills("oom_kill_disable 0\n") == 0
 
 
+@pytest.mark.parametrize("mode", ["cgroup", "auto"])
+def test_a_cgroup_that_fails_half_made_is_removed_and_refuses_only_when_required(
+    tmp_path, monkeypatch, mode
+):
+    """`resource_limits = cgroup`: a server whose limits cannot be set does not start (500,
+    saying why); `auto`: it starts without them. Either way nothing of its cgroups is left."""
+    from types import SimpleNamespace
+
+    from tornado import web
+
+    from meterhub.spawner import local
+
+    layout = CgroupLayout(1, memory=str(tmp_path / "memory"), cpu=str(tmp_path / "cpu"))
+    monkeypatch.setattr(local, "resource_limits_status", lambda mode: (layout, ""))
+
+    def half_made(layout, name, cpu, memory_bytes):
+        os.makedirs(layout.server_dirs(name)[0])
+        raise PermissionError(13, "Permission denied", "cpu.cfs_quota_us")
+
+    monkeypatch.setattr(cgroups, "create", half_made)
+    ann = SimpleNamespace(name="ann", id=1, url="/user/ann/", groups=[])
+    s = local.LocalGPUSpawner(
+        user=ann, data_dir=str(tmp_path / "data"), starter_notebooks_dir="", resource_limits=mode
+    )
+    debug = s.catalog.parse({"profile": "debug"})
+    if mode == "cgroup":
+        with pytest.raises(web.HTTPError) as e:
+            s._make_cgroups(debug)
+        message = e.value.log_message % e.value.args
+        assert e.value.status_code == 500 and "Permission denied" in message
+    else:
+        assert s._make_cgroups(debug) is None
+    assert not any(os.path.exists(d) for d in layout.server_dirs(s.cgroup_name))
+    assert os.listdir(tmp_path / "memory") == []  # its meterhub parent went too
+
+
 # ---------------------------------------------------------------- debug limits config
 
 

@@ -188,6 +188,40 @@ def test_a_server_runs_from_the_build_the_link_names_then_and_not_an_unfinished_
         environment_prefix(own["conda"], str(tmp_path), "/srv/x")
 
 
+def test_a_start_runs_the_prefix_its_own_check_found_and_looks_again_otherwise(tmp_path):
+    """The options' check (apply_user_options) finds the choice's environment; the start
+    that follows runs from that prefix without a second look, once, and only for the same
+    choice: any other start resolves it again (and is refused if it is not built)."""
+    import asyncio
+    from types import SimpleNamespace
+
+    from tornado import web
+
+    from meterhub.spawner.local import LocalGPUSpawner
+
+    ann = SimpleNamespace(name="ann", id=1, url="/user/ann/", groups=[])
+    s = LocalGPUSpawner(
+        user=ann, data_dir=str(tmp_path / "data"), starter_notebooks_dir="",
+        envs_dir=str(tmp_path / "envs"), server_env_prefix="/srv/servers",
+    )  # fmt: skip
+    minimal = s.catalog.parse({"profile": "debug", "environment": "minimal"})
+    pytorch = s.catalog.parse({"profile": "debug"})
+    first = _fake_build(tmp_path / "envs", "minimal", "minimal-1")
+    s.check_ready(minimal)
+    second = _fake_build(tmp_path / "envs", "minimal", "minimal-2")
+    asyncio.run(s.resolve_environment(minimal))
+    assert s.env_prefix == str(first)  # what this spawn's check found
+    asyncio.run(s.resolve_environment(minimal))
+    assert s.env_prefix == str(second)  # a start without a check of its own looks again
+    s.check_ready(minimal)
+    asyncio.run(s.resolve_environment(pytorch))  # another choice than the one checked
+    assert s.env_prefix == "/srv/servers"
+    (second / BUILD_INFO).unlink()
+    with pytest.raises(web.HTTPError) as e:
+        asyncio.run(s.resolve_environment(minimal))  # the check was for the other start
+    assert e.value.status_code == 409
+
+
 def test_an_environment_built_inside_the_hidden_data_directory_is_bound_over_it():
     spec = SandboxSpec(
         disk="/opt/meterhub/data/disks/amy",
