@@ -245,10 +245,9 @@ def record_path(data_dir: str, owner: str) -> str:
 def write_record(data_dir: str, record: ServerRecord) -> None:
     """Write (or replace) a server's record atomically, readable by the hub's user only.
 
-    Not fsync'd: a record finds a server that outlived the hub's process, and the page
-    cache outlives the process too; a crash of the whole machine ends its servers with it
-    (a record it leaves torn is read as no record). An fsync was three times a write's CPU,
-    twice a start (bench/spawn_burst.py).
+    fsync'd, though a machine crash ends the servers too: a record left empty by one would
+    read as a server that may use its disk (`hub/disk_cli.server_on_disk`), and no disk
+    could be archived until someone deleted it.
     """
     os.makedirs(records_dir(data_dir), mode=0o700, exist_ok=True)
     path = record_path(data_dir, record.owner)
@@ -256,6 +255,8 @@ def write_record(data_dir: str, record: ServerRecord) -> None:
     fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as f:
         f.write(record.to_json())
+        f.flush()
+        os.fsync(f.fileno())
     os.chmod(temporary, 0o600)  # in case a crash left it with another mode
     os.replace(temporary, path)
 
@@ -1298,7 +1299,12 @@ class LocalGPUSpawner(FolderEnvironments, LocalProcessSpawner):
             cgroups.create(layout, self.cgroup_name, choice.cpu, choice.memory_gib * GIB)
             return dirs, cgroups.oom_kills(dirs)
         except OSError as e:
-            cgroups.remove(dirs)
+            try:
+                left = cgroups.remove(dirs)
+            except OSError as removing:
+                left = [f"{dirs} ({removing})"]
+            if left:
+                self.log.warning("Could not remove the cgroups %s of %s", left, self._log_name)
             if self.resource_limits == "cgroup":
                 raise web.HTTPError(
                     500,
