@@ -87,9 +87,7 @@ async def _authorize_spawn(spawner) -> None:
         log_name=spawner._log_name,  # the user's name: a column of the hub's ORM too
     )
     # one hop to a thread for the whole decision: each hop costs the hub's event loop
-    ledger, catalog, choice, wallet, auth = await asyncio.to_thread(
-        _authorize, spawner, _settings(spawner), asked
-    )
+    ledger, catalog, choice, wallet, auth = await asyncio.to_thread(_authorize, spawner, asked)
     # a backend that can limit a server's run time (a Slurm job's --time) reads it
     spawner.credit_seconds = auth.runway_seconds
     with using(DEFAULT_LANGUAGE):  # the log is English, whoever spawns
@@ -97,7 +95,7 @@ async def _authorize_spawn(spawner) -> None:
     spawner.log.info(
         "Billing session %s for %s: %s (%s) at %s/h, paid by %s",
         auth.session_id,
-        spawner._log_name,
+        asked.log_name,
         label,
         catalog.environment_of(choice).slug,
         choice.rate_per_hour,
@@ -118,10 +116,11 @@ class SpawnAsk:
     log_name: str = ""
 
 
-def _authorize(spawner, settings: BillingSettings, asked: SpawnAsk):
+def _authorize(spawner, asked: SpawnAsk):
     """Price the choice, pick the wallet that pays, and open the session (blocking: in a
     thread). `spawner` is used for its configuration and log only (never its user: the
     hub's ORM objects are not for other threads). An HTTP error refuses."""
+    settings = _settings(spawner)
     try:
         ledger = settings.ledger()
         catalog = priced_catalog(spawner.config, ledger)

@@ -153,13 +153,12 @@ _WALLET = (
     .execution_options(populate_existing=True)
 )
 _WALLET_LOCKED = _WALLET.with_for_update()
-_WALLET_BALANCE_LOCKED = (
-    select(Wallet.id, Wallet.balance_micros)
-    .where(Wallet.owner_kind == bindparam("kind"), Wallet.owner_name == bindparam("name"))
-    .with_for_update()
-)
+_BALANCE = select(Wallet.id, Wallet.balance_micros)
+_WALLET_BALANCE_LOCKED = _BALANCE.where(
+    Wallet.owner_kind == bindparam("kind"), Wallet.owner_name == bindparam("name")
+).with_for_update()
 #: a wallet's balance again, under the lock this transaction holds on it
-_WALLET_BALANCE = select(Wallet.id, Wallet.balance_micros).where(Wallet.id == bindparam("wallet"))
+_WALLET_BALANCE = _BALANCE.where(Wallet.id == bindparam("wallet"))
 #: a wallet's passes that have not ended at `now`: those valid now and those to come
 _PASSES_NOT_ENDED = select(Pass.profile, Pass.gpus, Pass.starts_at, Pass.ends_at).where(
     Pass.wallet_id == bindparam("wallet"), Pass.ends_at > bindparam("now")
@@ -688,11 +687,7 @@ class Postings:
         a reboot), as the meter closes a vanished one."""
         at = self.clock() if at is None else at
         with self.begin() as db:
-            ids = list(
-                db.scalars(
-                    _open_sessions_of(user, server_name).with_only_columns(MeteredSession.id)
-                )
-            )
+            ids = list(db.scalars(_OPEN_OF_SERVER, {"user": user, "server": server_name}))
             closed = []
             for session_id in ids:
                 session = self._lock_session(db, session_id)
@@ -1062,14 +1057,6 @@ def _peak_reserved(db: Session, profile: str, starts: int, ends: int) -> int:
     return max(
         (sum(g for s, e, g in overlapping if s <= t < e) for t in moments),
         default=0,
-    )
-
-
-def _open_sessions_of(user: str, server_name: str):
-    return select(MeteredSession).where(
-        MeteredSession.user_name == user,
-        MeteredSession.server_name == server_name,
-        MeteredSession.stopped_at.is_(None),
     )
 
 

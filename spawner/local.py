@@ -1145,8 +1145,7 @@ class LocalGPUSpawner(FolderEnvironments, LocalProcessSpawner):
         self.gpu_indices = [gpu.index for gpu in gpus]
         self.cgroup_dirs = []
         disk_lock = disk_archive.DiskLock(self.data_dir, disk_dirname(self.user.name))
-        # the user's groups are the hub ORM's: read on the event loop, not in the thread
-        groups = shared_folder_groups(self.user, self.log) if self.group_folders else []
+        groups = self.shared_groups()  # on the event loop: the hub ORM's, not the thread's
         try:
             await self._claim_disk(disk_lock)
             self._progress(40, N_("Preparing disk"))
@@ -1563,13 +1562,16 @@ class LocalGPUSpawner(FolderEnvironments, LocalProcessSpawner):
         """The gid a group's folder belongs to; None when servers run as the hub's user."""
         return None if self.run_as is None else self.group_gid_base + group.id
 
+    def shared_groups(self) -> list[SharedGroup]:
+        """The user's groups with a shared folder, read from the hub user now (the hub's
+        ORM: on the event loop's thread)."""
+        return shared_folder_groups(self.user, self.log) if self.group_folders else []
+
     def _prepare_group_folders(
-        self, disk: str, sandboxed: bool, groups: list[SharedGroup] | None = None
+        self, disk: str, sandboxed: bool, groups: list[SharedGroup]
     ) -> GroupFolders:
-        """The folders of the user's groups with one (`groups`; by default, read from the
-        hub user now) and their mount points on the disk (blocking)."""
-        if groups is None:
-            groups = shared_folder_groups(self.user, self.log) if self.group_folders else []
+        """The folders of `groups` (`shared_groups`) and their mount points on the disk
+        (blocking)."""
         root = self.shared_root
         if groups:
             os.makedirs(root, mode=0o700, exist_ok=True)

@@ -55,7 +55,7 @@ def test_only_groups_marked_shared_with_folder_names_count(caplog):
 def test_members_get_a_folder_a_mount_point_and_a_bind(tmp_path, as_root):
     ann = spawner(tmp_path, user("ann", 1, VISION, STAFF))
     disk = ann._prepare_disk(True)
-    folders = ann._prepare_group_folders(disk, True)
+    folders = ann._prepare_group_folders(disk, True, ann.shared_groups())
     host = tmp_path / "shared" / "vision"
     assert folders.binds == ((str(host), "/home/jovyan/shared/vision"),)
     assert os.listdir(tmp_path / "shared") == ["vision"]  # staff has no folder
@@ -79,11 +79,11 @@ def test_members_get_a_folder_a_mount_point_and_a_bind(tmp_path, as_root):
 def test_a_non_member_and_a_switched_off_trait_get_nothing(tmp_path, as_root):
     bob = spawner(tmp_path, user("bob", 2, STAFF))
     disk = bob._prepare_disk(True)
-    assert bob._prepare_group_folders(disk, True).binds == ()
+    assert bob._prepare_group_folders(disk, True, bob.shared_groups()).binds == ()
     assert not os.path.exists(os.path.join(disk, "shared"))
     off = spawner(tmp_path, user("ann", 1, VISION), group_folders=False)
     disk = off._prepare_disk(True)
-    assert off._prepare_group_folders(disk, True).binds == ()
+    assert off._prepare_group_folders(disk, True, off.shared_groups()).binds == ()
     assert not os.path.exists(tmp_path / "shared" / "vision")
 
 
@@ -91,11 +91,11 @@ def test_a_removed_member_gets_no_mount_and_the_files_stay(tmp_path, as_root):
     ann = user("ann", 1, VISION, NLP)
     first = spawner(tmp_path, ann)
     disk = first._prepare_disk(True)
-    assert len(first._prepare_group_folders(disk, True).binds) == 2
+    assert len(first._prepare_group_folders(disk, True, first.shared_groups()).binds) == 2
     (tmp_path / "shared" / "vision" / "results.csv").write_text("1,2\n")
     ann.groups.remove(VISION)  # `meterhub group remove vision ann`
     again = spawner(tmp_path, ann)
-    folders = again._prepare_group_folders(again._prepare_disk(True), True)
+    folders = again._prepare_group_folders(again._prepare_disk(True), True, again.shared_groups())
     assert [inside for _, inside in folders.binds] == ["/home/jovyan/shared/nlp"]
     assert os.listdir(os.path.join(disk, "shared")) == ["nlp"]  # the empty mount point went
     assert (tmp_path / "shared" / "vision" / "results.csv").read_text() == "1,2\n"
@@ -109,7 +109,7 @@ def test_the_users_own_files_are_never_covered_or_removed(tmp_path, as_root, cap
     os.makedirs(os.path.join(disk, "shared", "old-group"))
     open(os.path.join(disk, "shared", "old-group", "keep.txt"), "w").close()
     with caplog.at_level(logging.WARNING):
-        folders = ann._prepare_group_folders(disk, True)
+        folders = ann._prepare_group_folders(disk, True, ann.shared_groups())
     assert folders.binds == () and "holds the user's own files" in caplog.text
     assert os.path.exists(os.path.join(disk, "shared", "old-group", "keep.txt"))
 
@@ -122,28 +122,28 @@ def test_a_planted_link_is_never_followed(tmp_path, as_root):
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     os.symlink(elsewhere, os.path.join(disk, "shared"))
-    assert ann._prepare_group_folders(disk, True).binds == ()
+    assert ann._prepare_group_folders(disk, True, ann.shared_groups()).binds == ()
     assert os.listdir(elsewhere) == []
 
 
 def test_without_the_sandbox_the_mount_point_is_a_link(tmp_path, as_root):
     ann = spawner(tmp_path, user("ann", 1, VISION))
     disk = ann._prepare_disk(False)
-    folders = ann._prepare_group_folders(disk, False)
+    folders = ann._prepare_group_folders(disk, False, ann.shared_groups())
     link = os.path.join(disk, "shared", "vision")
     assert folders.binds == () and os.readlink(link) == str(tmp_path / "shared" / "vision")
     if as_root:  # the server's uid opens it by path: the root is traversable, not listable
         assert stat.S_IMODE(os.stat(tmp_path / "shared").st_mode) == 0o711
         assert folders.gids == (300007,)
     # back in the sandbox, the link becomes a mount point again
-    assert ann._prepare_group_folders(disk, True).binds
+    assert ann._prepare_group_folders(disk, True, ann.shared_groups()).binds
     assert os.path.isdir(link) and not os.path.islink(link)
 
 
 def _server(data, who) -> SandboxSpec:
     s = spawner(data, who)
     disk = s._prepare_disk(True)
-    folders = s._prepare_group_folders(disk, True)
+    folders = s._prepare_group_folders(disk, True, s.shared_groups())
     return SandboxSpec(
         disk=disk,
         disk_mount="/home/jovyan",
