@@ -31,7 +31,7 @@ from meterhub.spawner.catalog import InvalidChoice
 from .courses import course_refusal
 from .ledger import InsufficientCredit, UnknownWallet
 from .money import format_duration, format_money, seconds_covered, to_micros
-from .settings import BillingSettings, priced_catalog
+from .settings import BillingSettings, billing_settings_of, priced_catalog
 from .wallets import WalletRef, WalletRefError, parse_wallet
 
 #: the language a server starts in (its JupyterLab's default; extensions/server.py)
@@ -64,7 +64,7 @@ for _reason in REFUSAL_REASONS.values():
 
 
 def _settings(spawner) -> BillingSettings:
-    return BillingSettings(config=spawner.config)
+    return billing_settings_of(spawner.config)
 
 
 async def authorize_spawn(spawner) -> None:

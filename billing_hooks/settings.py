@@ -9,6 +9,8 @@ from decimal import Decimal
 from traitlets import Dict, Int, List, Unicode
 from traitlets.config import LoggingConfigurable
 
+from meterhub.spawner.configured import per_config
+
 from .db import connect
 from .ledger import Ledger
 from .money import from_micros, to_micros
@@ -185,18 +187,26 @@ def _engine(db_url: str):
     return engine
 
 
+def billing_settings_of(config) -> BillingSettings:
+    """The BillingSettings of a config that stays as it is (the hub's): made once."""
+    return per_config(BillingSettings, config)
+
+
 def priced_catalog(config, ledger: Ledger):
-    """The catalog with the admins' price changes (kept in the ledger) applied (blocking)."""
+    """The catalog with the admins' price changes (kept in the ledger) applied (blocking).
+    Made once for each config and set of price changes: shared, never to be changed."""
     from meterhub.spawner.catalog import Catalog
 
-    catalog = Catalog(config=config)
     overrides = ledger.price_overrides()
-    if overrides:
-        catalog.prices = {
-            **catalog.prices,
-            **{p: str(from_micros(m)) for p, m in overrides.items()},
-        }
-    return catalog
+    prices = tuple(sorted((p, str(from_micros(m))) for p, m in overrides.items()))
+
+    def make() -> Catalog:
+        catalog = Catalog(config=config)
+        if prices:
+            catalog.prices = {**catalog.prices, **dict(prices)}
+        return catalog
+
+    return per_config(Catalog, config, prices, make)
 
 
 def pass_capacity(config) -> dict[str, int] | None:

@@ -21,6 +21,7 @@ from traitlets.config import LoggingConfigurable
 from meterhub.i18n import _
 
 from .catalog import CAP_OPTIONS, Catalog, Choice, InvalidChoice
+from .configured import per_config
 from .environments import Environment, EnvironmentNotReady, environment_prefix
 
 #: group names that may name a shared folder (a directory, a Kubernetes claim)
@@ -90,7 +91,12 @@ class CatalogOptions(LoggingConfigurable):
 
     @default("catalog")
     def _default_catalog(self):
-        return Catalog(parent=self)
+        # the hub's one catalog, unless the config has a section for this spawner's own
+        # (`LocalGPUSpawner.Catalog`)
+        sections = (dict.get(self.config, k.__name__) for k in type(self).mro())
+        if any(isinstance(section, dict) and "Catalog" in section for section in sections):
+            return Catalog(parent=self)
+        return per_config(Catalog, self.config)
 
     @default("apply_user_options")
     def _default_apply_user_options(self):
