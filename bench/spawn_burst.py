@@ -19,6 +19,11 @@ proxy's API every 0.1 s, which costs the hubs nothing). Failed servers are read 
 hub's log, so neither hub is asked anything during the burst; after it, the REST API says
 which servers are ready.
 
+`--together` releases both hubs' bursts at the same moment, so that both see the machine's
+same moment-to-moment speed (bursts apart, the same hub's CPU for the same 200 spawns varied
+by half); stock's servers then run in per-server cgroups made by the benchmark, of the same
+shape and limits as meterhub's, so that the kernel shares the CPU evenly between the two.
+
 Experiments (bench-only patches in meterhub's `jupyterhub_config.d`, not meterhub's code):
 `--fast-probe` (the liveness probe reads the group leader before scanning /proc) and
 `--slow-port-wait` (the spawner's port wait connects every 1 s instead of every 0.1 s) and
@@ -37,6 +42,7 @@ records each hub's burst with `perf record -g` (real CPU, C stacks).
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 import shutil
@@ -134,6 +140,83 @@ def _yappi_mark(*_args):
 _signal.signal(_signal.SIGUSR2, _yappi_mark)
 """
 
+#: `--together`: stock's server enters a cgroup of its own (made by the benchmark, not by the
+#: stock hub) in each controller before it runs mocksu, as meterhub's servers enter theirs, so
+#: that the kernel shares the CPU between the two hubs' servers evenly
+STOCK_IN_CGROUP = """#!/bin/sh
+for parent in {parents}; do
+    echo 0 >"$parent/$JUPYTERHUB_USER/cgroup.procs" || exit 125
+done
+exec {script} "$@"
+"""
+
+#: `--together`: stock's servers take their ports from 20000-29999, below the kernel's
+#: ephemeral range where meterhub's (JupyterHub's `random_port`) come from: two hubs that
+#: pick free ports independently would otherwise, now and then, give two servers one port
+STOCK_PORTS = """
+import random as _random
+import socket as _socket
+
+import jupyterhub.spawner as _spawner
+
+
+def _bench_port():
+    while True:
+        port = _random.randint(20000, 29999)
+        with _socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+
+
+_spawner.random_port = _bench_port
+"""
+
+#: `--gc`, a measuring aid (not meterhub's code): each hub counts its garbage collections and
+#: their CPU time, by generation; each SIGUSR2 appends the running totals to `{out}` (JSON)
+GC_STATS = """
+import gc as _gc
+import json as _json
+import signal as _signal
+import time as _time
+
+_gc_totals = {{"collections": [0, 0, 0], "cpu_seconds": [0.0, 0.0, 0.0]}}
+_gc_began = [0.0]
+
+
+def _gc_clock(phase, info):
+    # a collection runs in one thread, holding the GIL: that thread's CPU clock times it
+    if phase == "start":
+        _gc_began[0] = _time.thread_time()
+        return
+    generation = info["generation"]
+    _gc_totals["collections"][generation] += 1
+    _gc_totals["cpu_seconds"][generation] += _time.thread_time() - _gc_began[0]
+
+
+def _gc_mark(*_args):
+    with open({out!r}, "a") as f:
+        f.write(_json.dumps(_gc_totals) + "\\n")
+
+
+_gc.callbacks.append(_gc_clock)
+_signal.signal(_signal.SIGUSR2, _gc_mark)
+"""
+
+
+def gc_during(path: Path) -> str:
+    """What the last two `--gc` marks in `path` say the hub collected between them."""
+    before, after = (json.loads(line) for line in path.read_text().splitlines()[-2:])
+    parts = []
+    for generation in range(3):
+        count = after["collections"][generation] - before["collections"][generation]
+        cpu = after["cpu_seconds"][generation] - before["cpu_seconds"][generation]
+        parts.append(f"gen{generation} {count} in {cpu:.2f} s")
+    return "garbage collections: " + ", ".join(parts)
+
+
 MOCKSU = """#!{python}
 # jupyterhub.tests.mocksu from the benchmark's environment, under a Python every uid can run
 import sys
@@ -148,6 +231,53 @@ def server_python() -> str:
     each server to its own uid, which cannot traverse /root where pyenv keeps this one)."""
     system = f"/usr/bin/python{sys.version_info.major}.{sys.version_info.minor}"
     return system if os.path.exists(system) else sys.executable
+
+
+class StockCgroups:
+    """`--together`: a cgroup per stock server below `<this cgroup>/bench-stock`, the same
+    shape and limits as meterhub's (`<this cgroup>/meterhub/<server>`, the debug profile's CPU
+    and memory). Without them meterhub's 200 cgroups shared the CPU as one group against
+    stock's 200 processes (cgroup v1 group scheduling) and its burst lasted twice as long."""
+
+    def __init__(self, names: list[str]):
+        from meterhub.spawner import cgroups
+        from meterhub.spawner.catalog import DEBUG_CPU, DEBUG_MEMORY_GIB
+
+        own = cgroups.detect()
+        self.layout = cgroups.CgroupLayout(
+            own.version,
+            os.path.join(own.memory, "bench-stock"),
+            os.path.join(own.cpu, "bench-stock"),
+        )
+        if own.version == 2:
+            for top in (self.layout.memory, os.path.join(self.layout.memory, cgroups.PARENT)):
+                os.makedirs(top, exist_ok=True)
+                cgroups._enable(top)
+        self.dirs = [
+            d
+            for name in names
+            for d in cgroups.create(self.layout, name, DEBUG_CPU, DEBUG_MEMORY_GIB * 2**30)
+        ]
+
+    def parents(self) -> list[str]:
+        return list(dict.fromkeys(os.path.dirname(d) for d in self.dirs))
+
+    def wrap(self, script: Path) -> Path:
+        wrapper = script.with_name("mocksu-in-cgroup")
+        parents = " ".join(repr(p) for p in self.parents())
+        wrapper.write_text(STOCK_IN_CGROUP.format(parents=parents, script=script))
+        wrapper.chmod(0o755)
+        return wrapper
+
+    def remove(self) -> None:
+        from meterhub.spawner import cgroups
+
+        cgroups.remove(self.dirs)
+        for top in dict.fromkeys(os.path.dirname(p) for p in self.parents()):
+            try:
+                os.rmdir(top)
+            except OSError:
+                pass
 
 
 def write_mocksu(prefix: Path) -> Path:
@@ -441,12 +571,18 @@ def main() -> None:
         action="store_true",
         help="also: perf record (CPU samples, C stacks) of each hub through its first burst",
     )
+    parser.add_argument(
+        "--gc",
+        action="store_true",
+        help="also: each hub's garbage collections through each burst, and their CPU time",
+    )
     parser.add_argument("--stock-first", action="store_true", help="stock's burst first")
     parser.add_argument(
         "--together",
         action="store_true",
         help="both hubs' bursts at the same moment, on the same machine's moment-to-moment"
-        " speed (each round one burst on each, released together)",
+        " speed (each round one burst on each, released together); stock's servers in"
+        " cgroups of their own, as meterhub's",
     )
     parser.add_argument("--only", choices=("meterhub", "stock"), help="burst on one hub only")
     args = parser.parse_args()
@@ -459,9 +595,12 @@ def main() -> None:
             + (SLOW_PORT_WAIT if args.slow_port_wait else "")
             + (NO_LIMITS if args.no_limits else "")
         )
+        gc_out = {label: PROFILE_DIR / f"spawn_burst-{label}.gc" for label in ("meterhub", "stock")}
         yappi = {
             label: YAPPI.format(out=str(PROFILE_DIR / f"spawn_burst-{label}.pstat"))
             if args.yappi
+            else GC_STATS.format(out=str(gc_out[label]))
+            if args.gc
             else ""
             for label in ("meterhub", "stock")
         }
@@ -471,7 +610,14 @@ def main() -> None:
             args.users,
             experiments + yappi["meterhub"],
         )
-        stock = StockMocksu(Path(tmp) / "stock", script, args.users, yappi["stock"])
+        stock_cgroups = StockCgroups(names) if args.together else None
+        stock_script = stock_cgroups.wrap(script) if stock_cgroups else script
+        stock = StockMocksu(
+            Path(tmp) / "stock",
+            stock_script,
+            args.users,
+            yappi["stock"] + (STOCK_PORTS if args.together else ""),
+        )
         results: dict[str, list[dict]] = {"meterhub": [], "stock": []}
         try:
             ours.start()
@@ -518,7 +664,8 @@ def main() -> None:
                     spy = None
                     if args.profile and round_no == 0:
                         spy = profile(label, counted[label], args.profile, args.profile_rate)
-                    yappi_pid = hub.proc.pid if args.yappi and round_no == 0 else None
+                    marked = (args.yappi and round_no == 0) or args.gc
+                    yappi_pid = hub.proc.pid if marked else None
                     perf_out = None
                     if args.perf and round_no == 0:
                         perf_out = PROFILE_DIR / f"spawn_burst-{label}.perf"
@@ -527,12 +674,16 @@ def main() -> None:
                         proc.wait(args.profile + 60)
                     results[label].append(r)
                     print(f"round {round_no + 1} " + show(label, r), flush=True)
+                    if args.gc:
+                        print(f"round {round_no + 1} {label}: {gc_during(gc_out[label])}")
         except Exception:
             print(ours.log_tail(80), stock.log_tail(80), sep="\n", file=sys.stderr)
             raise
         finally:
             ours.teardown()
             stock.teardown()
+            if stock_cgroups:
+                stock_cgroups.remove()
         for label in ("meterhub", "stock"):
             for i, r in enumerate(results[label]):
                 if r["failed"]:
