@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextvars
 import dataclasses
 import errno
 import functools
@@ -1148,14 +1149,20 @@ class LocalGPUSpawner(FolderEnvironments, LocalProcessSpawner):
         self.cgroup_dirs = []
         disk_lock = disk_archive.DiskLock(self.data_dir, disk_dirname(self.user.name))
         groups = self.shared_groups()  # on the event loop: the hub ORM's, not the thread's
+        prepared: asyncio.Future | None = None
         try:
             await self._claim_disk(disk_lock)
             self._progress(40, N_("Preparing disk"))
             # the disk, the group folders and the cgroups in one thread hop: each hop costs
-            # the hub's event loop (a burst of 200 starts, bench/spawn_burst.py)
-            disk, folders, limits = await asyncio.to_thread(
-                self._prepare_host, choice, sandboxed, groups
+            # the hub's event loop (a burst of 200 starts, bench/spawn_burst.py); shielded,
+            # so that a start cancelled meanwhile still learns which cgroups it made (below)
+            prepared = asyncio.get_running_loop().run_in_executor(
+                None,  # what asyncio.to_thread does, as a future and not a coroutine to wrap
+                functools.partial(
+                    contextvars.copy_context().run, self._prepare_host, choice, sandboxed, groups
+                ),
             )
+            disk, folders, limits = await asyncio.shield(prepared)
             self.group_gids = list(folders.gids)
             if limits is not None:
                 self.cgroup_dirs, self.oom_baseline = limits
@@ -1237,6 +1244,12 @@ class LocalGPUSpawner(FolderEnvironments, LocalProcessSpawner):
             self.last_seen_alive, self.exited_after = int(time.time()), None
         except BaseException:
             disk_lock.release()
+            if prepared is not None and not self.cgroup_dirs:
+                # cancelled (start_timeout) while the host work ran: the thread goes on, and
+                # the cgroups it makes are removed with the rest only once they are known
+                made = await asyncio.gather(prepared, return_exceptions=True)
+                if isinstance(made[0], tuple) and made[0][2] is not None:
+                    self.cgroup_dirs = made[0][2][0]
             if self.proc is not None and self.proc.poll() is None:
                 await self._signal(signal.SIGKILL)
             await self._release(self.pid)

@@ -9,6 +9,7 @@ import hashlib
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -422,3 +423,47 @@ def test_enter_command_refuses_a_cgroup_it_cannot_enter(tmp_path):
     result = subprocess.run(command, capture_output=True, text=True)
     assert result.returncode == 0 and result.stdout == "server ran\n"
     assert (inside / "cgroup.procs").read_text() == "0\n"  # what a real cgroup reads as "me"
+
+
+def test_a_start_cancelled_while_its_cgroups_are_made_removes_them(tmp_path, monkeypatch):
+    """JupyterHub cancels a start that runs past `start_timeout`; when that happens while the
+    start's host work (disk, group folders, cgroups) runs in its thread, the thread goes on
+    and the cgroups it makes are removed once it ends, not left for the next start."""
+    import asyncio
+    import threading
+    from types import SimpleNamespace
+
+    from meterhub.spawner import local
+
+    layout = CgroupLayout(1, memory=str(tmp_path / "memory"), cpu=str(tmp_path / "cpu"))
+    monkeypatch.setattr(local, "resource_limits_status", lambda mode: (layout, ""))
+    making, made = threading.Event(), threading.Event()
+
+    def slow_create(layout, name, cpu, memory_bytes):
+        dirs = layout.server_dirs(name)
+        for directory in dirs:
+            os.makedirs(directory)
+        making.set()
+        assert made.wait(30)  # the start is cancelled meanwhile
+        return dirs
+
+    monkeypatch.setattr(cgroups, "create", slow_create)
+    ann = SimpleNamespace(name="ann", id=1, url="/user/ann/", groups=[])
+    s = local.LocalGPUSpawner(
+        user=ann, data_dir=str(tmp_path / "data"), starter_notebooks_dir="", sandbox="off",
+        server_env_prefix=sys.prefix, user_options={"profile": "debug"},
+    )  # fmt: skip
+
+    async def cancel_mid_start():
+        start = asyncio.ensure_future(s.start())
+        assert await asyncio.to_thread(making.wait, 30)
+        start.cancel()
+        await asyncio.sleep(0)  # the cancellation reaches the start before the thread ends
+        made.set()
+        with pytest.raises(asyncio.CancelledError):
+            await start
+
+    asyncio.run(cancel_mid_start())
+    assert s.cgroup_dirs == list(layout.server_dirs(s.cgroup_name))
+    assert not any(os.path.exists(d) for d in layout.server_dirs(s.cgroup_name))
+    assert os.listdir(tmp_path / "memory") == []
