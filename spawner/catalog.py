@@ -10,10 +10,10 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass, fields, replace
 from decimal import ROUND_HALF_UP, Decimal
 
-from traitlets import Dict, Int, List, TraitError, Unicode, validate
+from traitlets import Dict, Int, List, TraitError, Unicode, observe, validate
 from traitlets.config import LoggingConfigurable
 
-from meterhub.i18n import N_, _
+from meterhub.i18n import N_, _, language
 
 from .amounts import AmountError, parse_decimal
 from .environments import Environment, default_environment, merge_environments
@@ -572,7 +572,21 @@ class Catalog(LoggingConfigurable):
             )
         return per_gpu * gpus
 
+    @observe("gpu_types", "prices", "debug_cpu", "debug_memory_gib")
+    def _forget_profiles(self, _change) -> None:
+        self.__dict__["_profiles_by_language"] = {}
+
     def profiles(self) -> dict[str, Profile]:
+        """The profiles by slug, debug first; made once a language (debug mode's name is
+        translated) while the traits they come from stay the same: a spawn asks for them
+        five times, and the hub's catalog is one for all spawns (`per_config`)."""
+        made = self.__dict__.setdefault("_profiles_by_language", {})
+        code = language()
+        if code not in made:
+            made[code] = self._make_profiles()
+        return dict(made[code])
+
+    def _make_profiles(self) -> dict[str, Profile]:
         gpu_types = self.types()
         slugs = (DEBUG, *gpu_types)
         unknown = set(self.prices) - set(slugs)

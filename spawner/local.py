@@ -200,9 +200,10 @@ class ServerRecord:
     pid: int | None = None
 
     def to_json(self) -> str:
-        return json.dumps(
-            {**dataclasses.asdict(self), "gpu_indices": list(self.gpu_indices)}, sort_keys=True
-        )
+        # the fields by hand: dataclasses.asdict deep-copies, twice a start
+        fields = {f.name: getattr(self, f.name) for f in _RECORD_FIELDS}
+        fields.update(gpu_indices=list(self.gpu_indices), cgroups=list(self.cgroups))
+        return json.dumps(fields, sort_keys=True)
 
     @classmethod
     def from_json(cls, text: str) -> ServerRecord:
@@ -241,6 +242,9 @@ def records_dir(data_dir: str) -> str:
 def record_path(data_dir: str, owner: str) -> str:
     name = escape(owner, safe=SAFE_NAME_CHARS, escape_char="-")
     return os.path.join(records_dir(data_dir), name + ".json")
+
+
+_RECORD_FIELDS = dataclasses.fields(ServerRecord)
 
 
 def write_record(data_dir: str, record: ServerRecord) -> None:
@@ -496,6 +500,24 @@ def _warn_without_limits(log: logging.Logger, why: str) -> None:
     if not _warned_without_limits:
         _warned_without_limits = True
         log.warning("servers run WITHOUT CPU/memory limits: %s", why)
+
+
+_warned_without_sandbox: set[str] = set()
+
+
+def _warn_without_sandbox(log: logging.Logger, why: str, name: str) -> None:
+    """Once a reason a warning (the hub's start-up warned already, and its pages show a
+    banner); each start at debug: a burst of 200 starts wrote 200 warnings."""
+    if why not in _warned_without_sandbox:
+        _warned_without_sandbox.add(why)
+        log.warning(
+            "Starting %s WITHOUT a sandbox (%s): it, and every server started after it for"
+            " the same reason, can see the hub's data directory",
+            name,
+            why,
+        )
+    elif log.isEnabledFor(logging.DEBUG):
+        log.debug("Starting %s WITHOUT a sandbox (%s)", name, why)
 
 
 async def announce_resource_limits(mode: str, log: logging.Logger) -> None:
@@ -1213,11 +1235,7 @@ class LocalGPUSpawner(FolderEnvironments, LocalProcessSpawner):
                 cmd = bwrap_command(spec, cmd, bwrap=shutil.which("bwrap") or "bwrap")
                 self._progress(60, N_("Starting JupyterLab in its sandbox"))
             else:
-                self.log.warning(
-                    "Starting %s WITHOUT a sandbox (%s): it can see the hub's data directory",
-                    self._log_name,
-                    why_not or "sandbox = off",
-                )
+                _warn_without_sandbox(self.log, why_not or "sandbox = off", self._log_name)
                 self._check_unsandboxed_access()
                 # the same root as JUPYTERHUB_ROOT_DIR, named on the command line as the marker
                 cmd.append(f"--ServerApp.root_dir={disk}")

@@ -154,3 +154,28 @@ def test_counts_count_when_deciding_that_nothing_may_start():
     assert nothing_allowed(catalog, frozenset({"vision", "y"})) == ""
     assert "y" in nothing_allowed(catalog, frozenset()).split(": ")[1].split(", ")
     assert nothing_allowed(Catalog(), frozenset()) == ""
+
+
+def test_profiles_are_made_once_a_language_and_follow_the_traits():
+    from meterhub.i18n import using
+
+    catalog = Catalog()
+    first = catalog.profiles()
+    assert catalog.profiles() is not first  # a dict of the caller's own ...
+    assert catalog.profiles()["a800"] is first["a800"]  # ... of the same profiles
+    assert first["debug"].display_name == "Debug mode"
+    with using("zh_CN"):
+        assert catalog.profiles()["debug"].display_name == "调试模式"
+    assert catalog.profiles()["debug"].display_name == "Debug mode"
+    catalog.prices = {"debug": "0.30"}
+    catalog.debug_cpu = 1
+    catalog.gpu_types = {"a800": {"price_per_hour": "4.00"}}
+    debug, a800 = catalog.profiles()["debug"], catalog.profiles()["a800"]
+    assert (debug.price_per_hour, debug.cpu, a800.price_per_hour) == (
+        Decimal("0.30"),
+        1,
+        Decimal("4.00"),
+    )
+    catalog.prices = {"nope": "1.00"}
+    with pytest.raises(ValueError, match="unknown profile 'nope'"):
+        catalog.profiles()
