@@ -28,6 +28,10 @@ Experiments (bench-only patches in meterhub's `jupyterhub_config.d`, not meterhu
 `--fast-probe` (the liveness probe reads the group leader before scanning /proc) and
 `--slow-port-wait` (the spawner's port wait connects every 1 s instead of every 0.1 s) and
 `--no-limits` (servers start without their cgroups: `resource_limits = "off"`).
+`--tiny-server` (a diagnostic, not the issue's figure: a server of a few lines that
+costs next to nothing to start, so that each hub's own work for a spawn shows without 200
+imports on the same cores; with `--together` the two hubs share the machine's moment).
+`--gc` counts each hub's garbage collections through each burst and their CPU time.
 `--profile SECONDS` records each hub (and meterhub's billing service) with py-spy (`pip install
 py-spy`: wall time of running threads); `--yappi` profiles each hub's burst on CPU time (`pip
 install yappi`; it inflates call-heavy Python, so it says where rather than how much); `--perf`
@@ -37,6 +41,8 @@ records each hub's burst with `perf record -g` (real CPU, C stacks).
     .venv/bin/python bench/spawn_burst.py --users 200 --only meterhub --profile 330
     .venv/bin/python bench/spawn_burst.py --users 200 --fast-probe
     .venv/bin/python bench/spawn_burst.py --users 200 --yappi   # or --perf
+    .venv/bin/python bench/spawn_burst.py --users 150 --rounds 3 --together
+    .venv/bin/python bench/spawn_burst.py --users 200 --rounds 5 --tiny-server --together
 """
 
 from __future__ import annotations
@@ -280,13 +286,31 @@ class StockCgroups:
                 pass
 
 
-def write_mocksu(prefix: Path) -> Path:
+#: `--tiny-server`, a diagnostic: a server that costs next to nothing to start (no site
+#: packages, no tornado), so that a burst measures each hub's own work for a spawn, without
+#: 200 servers importing on the same two cores; it answers any request with 200
+TINY_SERVER = """#!{python} -S
+import os, socket
+from urllib.parse import urlsplit
+
+url = urlsplit(os.environ["JUPYTERHUB_SERVICE_URL"])
+server = socket.create_server((url.hostname, url.port), backlog=64)
+while True:
+    conn, _ = server.accept()
+    with conn:
+        conn.recv(65536)
+        conn.sendall(b"HTTP/1.1 200 OK\\r\\nContent-Length: 2\\r\\nConnection: close\\r\\n\\r\\nok")
+"""
+
+
+def write_mocksu(prefix: Path, tiny: bool = False) -> Path:
     import jupyterhub
 
     site_packages = str(Path(jupyterhub.__file__).resolve().parent.parent)
     script = prefix / "bin" / "jupyterhub-singleuser"
     script.parent.mkdir(parents=True)
-    script.write_text(MOCKSU.format(python=server_python(), site_packages=site_packages))
+    text = TINY_SERVER if tiny else MOCKSU
+    script.write_text(text.format(python=server_python(), site_packages=site_packages))
     script.chmod(0o755)
     return script
 
@@ -516,12 +540,12 @@ def burst(
 
 
 def show(label: str, r: dict) -> str:
-    cpu = " + ".join(f"{what} {s:.1f}" for what, s in r["cpu"].items())
+    cpu = " + ".join(f"{what} {s:.2f}" for what, s in r["cpu"].items())
     return (
         f"{label}: {r['ready']} ready ({r['answering']} answering through the proxy),"
         f" {r['failed']} failed, replies {r['replies']}; wall {r['wall']:.1f} s;"
-        f" CPU {cpu} = {sum(r['cpu'].values()):.1f} s (hub: user {r['hub_user']:.1f},"
-        f" system {r['hub_system']:.1f}; proxy {r['proxy_cpu']:.1f} s);"
+        f" CPU {cpu} = {sum(r['cpu'].values()):.2f} s (hub: user {r['hub_user']:.2f},"
+        f" system {r['hub_system']:.2f}; proxy {r['proxy_cpu']:.1f} s);"
         f" time to ready p50 {r['p50']:.1f} s, p95 {r['p95']:.1f} s, max {r['max']:.1f} s"
     )
 
@@ -572,6 +596,11 @@ def main() -> None:
         help="also: perf record (CPU samples, C stacks) of each hub through its first burst",
     )
     parser.add_argument(
+        "--tiny-server",
+        action="store_true",
+        help="diagnostic: a server of a few lines instead of mocksu (each hub's own work)",
+    )
+    parser.add_argument(
         "--gc",
         action="store_true",
         help="also: each hub's garbage collections through each burst, and their CPU time",
@@ -589,7 +618,7 @@ def main() -> None:
     names = [f"b{i}" for i in range(args.users)]
     with tempfile.TemporaryDirectory(ignore_cleanup_errors=True) as tmp:
         os.chmod(tmp, 0o755)  # servers run as their own uids and must reach the script
-        script = write_mocksu(Path(tmp) / "mocksu")
+        script = write_mocksu(Path(tmp) / "mocksu", tiny=args.tiny_server)
         experiments = (
             (FAST_PROBE if args.fast_probe else "")
             + (SLOW_PORT_WAIT if args.slow_port_wait else "")
