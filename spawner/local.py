@@ -502,6 +502,9 @@ def _warn_without_limits(log: logging.Logger, why: str) -> None:
         log.warning("servers run WITHOUT CPU/memory limits: %s", why)
 
 
+#: removals of cgroups made by a start's thread after its cleanup ran (`_cgroups_made`)
+_LATE_REMOVALS: set[asyncio.Future] = set()
+
 _warned_without_sandbox: set[str] = set()
 
 
@@ -1261,18 +1264,44 @@ class LocalGPUSpawner(FolderEnvironments, LocalProcessSpawner):
             self._warn_over_quota()
             self.last_seen_alive, self.exited_after = int(time.time()), None
         except BaseException:
-            disk_lock.release()
             if prepared is not None and not self.cgroup_dirs:
-                # cancelled (start_timeout) while the host work ran: the thread goes on, and
-                # the cgroups it makes are removed with the rest only once they are known
-                made = await asyncio.gather(prepared, return_exceptions=True)
-                if isinstance(made[0], tuple) and made[0][2] is not None:
-                    self.cgroup_dirs = made[0][2][0]
+                # cancelled (start_timeout) while the host work ran: the thread goes on; the
+                # cleanup waits for it (the disk still locked) to know the cgroups it made
+                if not prepared.done():
+                    try:
+                        await asyncio.wait({prepared})  # which never cancels `prepared`
+                    except asyncio.CancelledError:
+                        pass  # cancelled again: clean up all the same, then re-raise
+                self.cgroup_dirs = self._cgroups_made(prepared)
+            disk_lock.release()
             if self.proc is not None and self.proc.poll() is None:
                 await self._signal(signal.SIGKILL)
             await self._release(self.pid)
             raise
         return (self.ip or "127.0.0.1", self.port)
+
+    def _cgroups_made(self, prepared: asyncio.Future) -> list[str]:
+        """The cgroups `_prepare_host` made, once it has ended; if it still runs (a start
+        cancelled twice), they are removed when it ends."""
+
+        def made(future: asyncio.Future) -> list[str]:
+            if future.cancelled() or future.exception() is not None:
+                return []
+            limits = future.result()[2]
+            return [] if limits is None else list(limits[0])
+
+        if prepared.done():
+            return made(prepared)
+
+        def remove_late(future: asyncio.Future) -> None:
+            dirs = made(future)
+            if dirs:
+                removal = asyncio.ensure_future(asyncio.to_thread(cgroups.remove, dirs))
+                _LATE_REMOVALS.add(removal)  # held until done: the loop keeps weak references
+                removal.add_done_callback(_LATE_REMOVALS.discard)
+
+        prepared.add_done_callback(remove_late)
+        return []
 
     async def _stop_leftover(self) -> None:
         """Stop what runs of an earlier start of this server that the hub lost track of,

@@ -425,10 +425,13 @@ def test_enter_command_refuses_a_cgroup_it_cannot_enter(tmp_path):
     assert (inside / "cgroup.procs").read_text() == "0\n"  # what a real cgroup reads as "me"
 
 
-def test_a_start_cancelled_while_its_cgroups_are_made_removes_them(tmp_path, monkeypatch):
+@pytest.mark.parametrize("cancels", [1, 2])
+def test_a_start_cancelled_while_its_cgroups_are_made_removes_them(tmp_path, monkeypatch, cancels):
     """JupyterHub cancels a start that runs past `start_timeout`; when that happens while the
     start's host work (disk, group folders, cgroups) runs in its thread, the thread goes on
-    and the cgroups it makes are removed once it ends, not left for the next start."""
+    and the cgroups it makes are removed once it ends, not left for the next start. A start
+    cancelled again while its cleanup waits for the thread cleans up all the same, and the
+    cgroups go when the thread ends."""
     import asyncio
     import threading
     from types import SimpleNamespace
@@ -453,17 +456,28 @@ def test_a_start_cancelled_while_its_cgroups_are_made_removes_them(tmp_path, mon
         user=ann, data_dir=str(tmp_path / "data"), starter_notebooks_dir="", sandbox="off",
         server_env_prefix=sys.prefix, user_options={"profile": "debug"},
     )  # fmt: skip
+    dirs = layout.server_dirs(s.cgroup_name)
 
     async def cancel_mid_start():
         start = asyncio.ensure_future(s.start())
         assert await asyncio.to_thread(making.wait, 30)
         start.cancel()
-        await asyncio.sleep(0)  # the cancellation reaches the start before the thread ends
+        await asyncio.sleep(0)  # the cancellation reaches the start, whose cleanup waits
+        if cancels == 2:
+            start.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await start
+            assert all(os.path.exists(d) for d in dirs)  # the thread has not ended
         made.set()
-        with pytest.raises(asyncio.CancelledError):
-            await start
+        if cancels == 1:
+            with pytest.raises(asyncio.CancelledError):
+                await start
+            assert s.cgroup_dirs == list(dirs)
+        for _ in range(3000):  # the thread ends; its cgroups go (in a thread of their own)
+            if not any(os.path.exists(d) for d in dirs):
+                break
+            await asyncio.sleep(0.01)
 
     asyncio.run(cancel_mid_start())
-    assert s.cgroup_dirs == list(layout.server_dirs(s.cgroup_name))
-    assert not any(os.path.exists(d) for d in layout.server_dirs(s.cgroup_name))
+    assert not any(os.path.exists(d) for d in dirs)
     assert os.listdir(tmp_path / "memory") == []
