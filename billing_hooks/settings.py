@@ -206,7 +206,8 @@ def priced_catalog(config, ledger: Ledger):
             catalog.prices = {**catalog.prices, **dict(prices)}
         return catalog
 
-    return per_config(Catalog, config, prices, make)
+    # without price changes it is the hub's plain catalog, the one its spawners share
+    return per_config(Catalog, config, prices or None, make)
 
 
 def pass_capacity(config) -> dict[str, int] | None:

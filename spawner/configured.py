@@ -21,7 +21,9 @@ def per_config(
 ) -> T:
     """`cls(config=config)` (or what `make` returns), made once for this config object and
     kept while its sections for `cls` read the same; `extra` tells apart objects made from
-    the same config in different ways.
+    the same config in different ways, and names how: one `make` for one (cls, extra). Of
+    the objects with an `extra` (say, the catalog with the admins' prices of the moment)
+    only the last made is kept, beside the plain one (extra None).
 
     A spawn read its BillingSettings and its catalog from the hub's config afresh, about a
     tenth of a millisecond each to load the config into their traits, for a config that
@@ -37,7 +39,8 @@ def per_config(
         return kept[1]
     obj = make() if make is not None else cls(config=config)
     with _MADE_LOCK:
-        for key in [k for k in made if k[0] is cls and k[1] != extra]:
-            del made[key]  # one a class: the catalog of the prices before a change goes
+        if extra is not None:  # the catalog of the prices before a change goes
+            for key in [k for k in made if k[0] is cls and k[1] not in (None, extra)]:
+                del made[key]
         made[(cls, extra)] = (sections, obj)
     return obj

@@ -92,9 +92,10 @@ class CatalogOptions(LoggingConfigurable):
     @default("catalog")
     def _default_catalog(self):
         # the hub's one catalog, unless the config has a section for this spawner's own
-        # (`LocalGPUSpawner.Catalog`)
-        sections = (dict.get(self.config, k.__name__) for k in type(self).mro())
-        if any(isinstance(section, dict) and "Catalog" in section for section in sections):
+        # (`LocalGPUSpawner.Catalog`, or below a parent of the spawner's), as traitlets
+        # would find it for a catalog with this spawner as its parent
+        mine = self._find_my_config(self.config)
+        if any(name in mine for name in Catalog.section_names()):
             return Catalog(parent=self)
         return per_config(Catalog, self.config)
 

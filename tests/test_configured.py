@@ -7,7 +7,7 @@ from __future__ import annotations
 import copy
 from decimal import Decimal
 
-from traitlets.config import Config
+from traitlets.config import Config, Configurable
 
 from meterhub.billing_hooks.money import to_micros
 from meterhub.billing_hooks.settings import BillingSettings, billing_settings_of, priced_catalog
@@ -49,6 +49,9 @@ def test_kinds_apart_and_the_maker_used():
     assert one.profiles()["debug"].price_per_hour == Decimal("0.30")
     plain = per_config(Catalog, c)
     assert plain is not one and plain.profiles()["debug"].price_per_hour == Decimal("0.10")
+    # kept side by side: asking for one does not make the other again
+    assert per_config(Catalog, c, "cheap", make) is one and per_config(Catalog, c) is plain
+    assert len(made) == 1
     assert isinstance(per_config(BillingSettings, c), BillingSettings)
 
 
@@ -58,11 +61,14 @@ def test_the_priced_catalog_follows_the_admins_prices_and_is_never_changed():
     ledger, _clock = make_ledger()
     before = priced_catalog(c, ledger)
     assert priced_catalog(c, ledger) is before
+    # without the admins' price changes it is the spawners' catalog, one object
+    assert LocalGPUSpawner(config=c).catalog is before
     assert before.profiles()["a800"].price_per_hour == Decimal("4.80")
 
     ledger.set_price("a800", to_micros("5.00"), "user:amy")
     after = priced_catalog(c, ledger)
     assert after is not before and after.profiles()["a800"].price_per_hour == Decimal("5.00")
+    assert LocalGPUSpawner(config=c).catalog is before  # the spawners' is kept beside it
     # the catalog shared before the change still says what it said
     assert before.prices == {"a800": "4.80"}
     assert priced_catalog(c, ledger) is after
@@ -80,3 +86,11 @@ def test_spawners_share_the_hubs_catalog_unless_a_section_is_their_own():
     spawner = LocalGPUSpawner(config=own)
     assert spawner.catalog.debug_cpu == 3
     assert spawner.catalog is not LocalGPUSpawner(config=own).catalog
+
+    class Wrapper(Configurable):  # a spawner with a parent: its parent's sections count
+        pass
+
+    below = Config()
+    below.Wrapper.LocalGPUSpawner.Catalog.debug_cpu = 3
+    wrapped = LocalGPUSpawner(parent=Wrapper(config=below), config=below)
+    assert wrapped.catalog.debug_cpu == 3
