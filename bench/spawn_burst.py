@@ -51,6 +51,7 @@ import argparse
 import json
 import os
 import re
+import shlex
 import shutil
 import signal
 import statistics
@@ -166,14 +167,20 @@ import socket as _socket
 import jupyterhub.spawner as _spawner
 
 
+_bench_ports = set()
+
+
 def _bench_port():
     while True:
         port = _random.randint(20000, 29999)
+        if port in _bench_ports:  # given to a server that may not listen yet
+            continue
         with _socket.socket() as sock:
             try:
                 sock.bind(("127.0.0.1", port))
             except OSError:
                 continue
+            _bench_ports.add(port)
             return port
 
 
@@ -259,31 +266,38 @@ class StockCgroups:
             for top in (self.layout.memory, os.path.join(self.layout.memory, cgroups.PARENT)):
                 os.makedirs(top, exist_ok=True)
                 cgroups._enable(top)
-        self.dirs = [
-            d
-            for name in names
-            for d in cgroups.create(self.layout, name, DEBUG_CPU, DEBUG_MEMORY_GIB * 2**30)
-        ]
+        self.dirs: list[str] = []
+        try:
+            for name in names:
+                self.dirs += self.layout.server_dirs(name)
+                cgroups.create(self.layout, name, DEBUG_CPU, DEBUG_MEMORY_GIB * 2**30)
+        except BaseException:
+            self.remove()
+            raise
 
     def parents(self) -> list[str]:
         return list(dict.fromkeys(os.path.dirname(d) for d in self.dirs))
 
     def wrap(self, script: Path) -> Path:
         wrapper = script.with_name("mocksu-in-cgroup")
-        parents = " ".join(repr(p) for p in self.parents())
-        wrapper.write_text(STOCK_IN_CGROUP.format(parents=parents, script=script))
+        parents = " ".join(shlex.quote(p) for p in self.parents())
+        wrapper.write_text(STOCK_IN_CGROUP.format(parents=parents, script=shlex.quote(str(script))))
         wrapper.chmod(0o755)
         return wrapper
 
     def remove(self) -> None:
         from meterhub.spawner import cgroups
 
-        cgroups.remove(self.dirs)
+        left = cgroups.remove(self.dirs)
         for top in dict.fromkeys(os.path.dirname(p) for p in self.parents()):
             try:
                 os.rmdir(top)
-            except OSError:
+            except FileNotFoundError:
                 pass
+            except OSError:
+                left.append(top)
+        if left:
+            print(f"stock's cgroups left behind: {left}", file=sys.stderr)
 
 
 #: `--tiny-server`, a diagnostic: a server that costs next to nothing to start (no site
@@ -615,6 +629,8 @@ def main() -> None:
     )
     parser.add_argument("--only", choices=("meterhub", "stock"), help="burst on one hub only")
     args = parser.parse_args()
+    if args.gc and (args.yappi or args.together):
+        parser.error("--gc counts bursts one hub at a time, and not with --yappi")
     names = [f"b{i}" for i in range(args.users)]
     with tempfile.TemporaryDirectory(ignore_cleanup_errors=True) as tmp:
         os.chmod(tmp, 0o755)  # servers run as their own uids and must reach the script
@@ -639,6 +655,7 @@ def main() -> None:
             args.users,
             experiments + yappi["meterhub"],
         )
+        # made before the hubs start; on a failure it removes what it made
         stock_cgroups = StockCgroups(names) if args.together else None
         stock_script = stock_cgroups.wrap(script) if stock_cgroups else script
         stock = StockMocksu(
@@ -709,10 +726,12 @@ def main() -> None:
             print(ours.log_tail(80), stock.log_tail(80), sep="\n", file=sys.stderr)
             raise
         finally:
-            ours.teardown()
-            stock.teardown()
-            if stock_cgroups:
-                stock_cgroups.remove()
+            try:
+                ours.teardown()
+                stock.teardown()
+            finally:
+                if stock_cgroups:
+                    stock_cgroups.remove()
         for label in ("meterhub", "stock"):
             for i, r in enumerate(results[label]):
                 if r["failed"]:
