@@ -56,7 +56,7 @@ from .scopes import (
     may_spend,
     teaches,
 )
-from .settings import BillingSettings, priced_catalog
+from .settings import BillingSettings, billing_settings_of, priced_catalog
 from .wallets import GROUP_NAME, fold
 
 MAX_PAGE = 500
@@ -766,10 +766,8 @@ class HeadedError(web.HTTPError):
 
 
 def billing_settings(handler: BillingHandler) -> BillingSettings:
-    """The site's billing settings, made once per application."""
-    if "billing_settings" not in handler.settings:
-        handler.settings["billing_settings"] = BillingSettings(config=handler.settings["config"])
-    return handler.settings["billing_settings"]
+    """The site's billing settings, made once for the application's config."""
+    return billing_settings_of(handler.settings["config"])
 
 
 class RedeemHandler(BillingHandler):

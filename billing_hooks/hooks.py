@@ -348,15 +348,12 @@ def register_trial_credit(config) -> None:
     from sqlalchemy import event
 
     log = logging.getLogger("meterhub.trial")
-    settings: list[BillingSettings] = []
 
     def created(_mapper, _connection, user):
         name = user.name
 
         def trial():
-            if not settings:
-                settings.append(BillingSettings(config=config))
-            settings[0].ledger().ensure_user(name)
+            billing_settings_of(config).ledger().ensure_user(name)
 
         def report(task):
             if not task.cancelled() and task.exception():

@@ -27,7 +27,7 @@ from traitlets.config import Config
 
 from meterhub.billing_hooks.hooks import register_trial_credit
 from meterhub.billing_hooks.scopes import BILLING_SERVICE, billing_admin_role, user_role
-from meterhub.billing_hooks.settings import BillingSettings
+from meterhub.billing_hooks.settings import BillingSettings, billing_settings_of
 from meterhub.i18n import _
 from meterhub.spawner import disk_archive
 from meterhub.spawner.local import LocalGPUSpawner, announce_resource_limits, stop_orphans
@@ -200,7 +200,7 @@ class MeterHub(JupyterHub):
     async def sync_groups(self) -> None:
         """Apply the CLI's group changes and the admins' roles in the hub's own session."""
         try:
-            ledger = await BillingSettings(config=self.config).ledger_async()
+            ledger = await billing_settings_of(self.config).ledger_async()
             applied = await sync_groups(self.db, ledger)
         except Exception:
             self.log.exception("Could not apply group changes; trying again")

@@ -28,7 +28,7 @@ from ltiauthenticator.lti13.auth import LTI13Authenticator
 from ltiauthenticator.lti13.handlers import LTI13LoginInitHandler
 from tornado import web
 
-from meterhub.billing_hooks.settings import BillingSettings
+from meterhub.billing_hooks.settings import billing_settings_of
 from meterhub.billing_hooks.wallets import USER_NAME
 from meterhub.i18n import _
 
@@ -102,7 +102,7 @@ class MeterLTI13Authenticator(LTI13Authenticator):
                 for g in handler.db.query(orm.Group)
                 if not (g.properties or {}).get("course")
             }
-            ledger = await BillingSettings(config=self.config).ledger_async()
+            ledger = await billing_settings_of(self.config).ledger_async()
             course = await asyncio.to_thread(ledger.lti_launch, *facts, name, role, taken)
             log.info("LTI launch by %s into course %s as %s", name, course, role or "no role")
         return result

@@ -23,11 +23,17 @@ from meterhub.billing_hooks import actions, topup_actions
 from meterhub.billing_hooks.api import usage_json, wallet_json
 from meterhub.billing_hooks.money import CURRENCY_SYMBOLS, accrued, format_money, to_micros
 from meterhub.billing_hooks.scopes import GROUP_ADMIN_SCOPE, is_billing_admin, may_spend
-from meterhub.billing_hooks.settings import BillingSettings, pass_capacity, priced_catalog
+from meterhub.billing_hooks.settings import (
+    BillingSettings,
+    billing_settings_of,
+    pass_capacity,
+    priced_catalog,
+)
 from meterhub.billing_hooks.wallets import pass_period_name
 from meterhub.i18n import N_, _
 from meterhub.spawner import disk_archive
 from meterhub.spawner.catalog import PASS_PERIODS, Catalog
+from meterhub.spawner.configured import per_config
 from meterhub.spawner.local import GIB, LocalGPUSpawner
 
 DAY = 86_400
@@ -173,7 +179,7 @@ class MeterhubPage(BaseHandler):
 
     @property
     def billing(self) -> BillingSettings:
-        return BillingSettings(config=self.settings["config"])
+        return billing_settings_of(self.settings["config"])
 
     def money(self, micros: int) -> str:
         return format_money(micros, self.billing.currency)
@@ -434,7 +440,7 @@ class BillingAdminPage(MeterhubPage):
             # before an admin's first change of a profile, its site-config price was in effect
             configured = {
                 slug: to_micros(p.price_per_hour)
-                for slug, p in Catalog(config=config).profiles().items()
+                for slug, p in per_config(Catalog, config).profiles().items()
             }
             return {
                 "wallets": wallets,

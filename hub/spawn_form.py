@@ -21,7 +21,7 @@ from meterhub.billing_hooks.money import (
     seconds_covered,
     to_micros,
 )
-from meterhub.billing_hooks.settings import BillingSettings, priced_catalog
+from meterhub.billing_hooks.settings import billing_settings_of, priced_catalog
 from meterhub.billing_hooks.wallets import period_phrase
 from meterhub.i18n import _
 from meterhub.spawner.catalog import Choice
@@ -151,7 +151,7 @@ def course_options(ledger, user: str) -> tuple[list[tuple[PayerOption, int]], st
 
 
 async def options_form(spawner) -> str:
-    settings = BillingSettings(config=spawner.config)
+    settings = billing_settings_of(spawner.config)
     ledger = await settings.ledger_async()
     balance = await asyncio.to_thread(ledger.ensure_user, spawner.user.name)
     catalog = await asyncio.to_thread(priced_catalog, spawner.config, ledger)

@@ -30,8 +30,7 @@ def per_config(
     does not change once the hub runs (bench/spawn_burst.py). The objects are shared, by
     threads too: never assign to their traits.
     """
-    names = [k.__name__ for k in cls.mro() if isinstance(k, type) and issubclass(k, Configurable)]
-    sections = repr([dict.get(config, name) for name in names])
+    sections = repr([dict.get(config, name) for name in cls.section_names()])
     with _MADE_LOCK:
         made = vars(config).setdefault(_MADE, {})
         kept = made.get((cls, extra))

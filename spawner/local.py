@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import contextvars
 import dataclasses
 import errno
 import functools
@@ -200,10 +199,8 @@ class ServerRecord:
     pid: int | None = None
 
     def to_json(self) -> str:
-        # the fields by hand: dataclasses.asdict deep-copies, twice a start
-        fields = {f.name: getattr(self, f.name) for f in _RECORD_FIELDS}
-        fields.update(gpu_indices=list(self.gpu_indices), cgroups=list(self.cgroups))
-        return json.dumps(fields, sort_keys=True)
+        # its fields as they are (tuples are JSON arrays): dataclasses.asdict deep-copies
+        return json.dumps(vars(self), sort_keys=True)
 
     @classmethod
     def from_json(cls, text: str) -> ServerRecord:
@@ -242,9 +239,6 @@ def records_dir(data_dir: str) -> str:
 def record_path(data_dir: str, owner: str) -> str:
     name = escape(owner, safe=SAFE_NAME_CHARS, escape_char="-")
     return os.path.join(records_dir(data_dir), name + ".json")
-
-
-_RECORD_FIELDS = dataclasses.fields(ServerRecord)
 
 
 def write_record(data_dir: str, record: ServerRecord) -> None:
@@ -502,9 +496,6 @@ def _warn_without_limits(log: logging.Logger, why: str) -> None:
         log.warning("servers run WITHOUT CPU/memory limits: %s", why)
 
 
-#: removals of cgroups made by a start's thread after its cleanup ran (`_cgroups_made`)
-_LATE_REMOVALS: set[asyncio.Future] = set()
-
 _warned_without_sandbox: set[str] = set()
 
 
@@ -519,7 +510,7 @@ def _warn_without_sandbox(log: logging.Logger, why: str, name: str) -> None:
             name,
             why,
         )
-    elif log.isEnabledFor(logging.DEBUG):
+    else:
         log.debug("Starting %s WITHOUT a sandbox (%s)", name, why)
 
 
@@ -1181,11 +1172,8 @@ class LocalGPUSpawner(FolderEnvironments, LocalProcessSpawner):
             # the disk, the group folders and the cgroups in one thread hop: each hop costs
             # the hub's event loop (a burst of 200 starts, bench/spawn_burst.py); shielded,
             # so that a start cancelled meanwhile still learns which cgroups it made (below)
-            prepared = asyncio.get_running_loop().run_in_executor(
-                None,  # what asyncio.to_thread does, as a future and not a coroutine to wrap
-                functools.partial(
-                    contextvars.copy_context().run, self._prepare_host, choice, sandboxed, groups
-                ),
+            prepared = asyncio.ensure_future(
+                asyncio.to_thread(self._prepare_host, choice, sandboxed, groups)
             )
             disk, folders, limits = await asyncio.shield(prepared)
             self.group_gids = list(folders.gids)
@@ -1295,10 +1283,8 @@ class LocalGPUSpawner(FolderEnvironments, LocalProcessSpawner):
 
         def remove_late(future: asyncio.Future) -> None:
             dirs = made(future)
-            if dirs:
-                removal = asyncio.ensure_future(asyncio.to_thread(cgroups.remove, dirs))
-                _LATE_REMOVALS.add(removal)  # held until done: the loop keeps weak references
-                removal.add_done_callback(_LATE_REMOVALS.discard)
+            if dirs:  # off the loop; the executor holds the work until it is done
+                asyncio.get_running_loop().run_in_executor(None, cgroups.remove, dirs)
 
         prepared.add_done_callback(remove_late)
         return []

@@ -133,3 +133,24 @@ def test_environment_paths_include_a_venvs_base_interpreter(tmp_path):
     (venv / "pyvenv.cfg").write_text(f"home = {base}/bin\ninclude-system-site-packages = false\n")
     assert environment_paths(str(venv)) == [str(venv), str(base)]
     assert environment_paths(str(base)) == [str(base)]
+
+
+def test_an_unsandboxed_start_warns_once_a_reason_and_at_debug_after(caplog, monkeypatch):
+    """The hub's start-up and pages already say servers run unsandboxed; each start's own
+    warning would be one line a start (200 in a burst): the first for each reason only."""
+    import logging
+
+    from meterhub.spawner import local
+
+    monkeypatch.setattr(local, "_warned_without_sandbox", set())
+    log = logging.getLogger("meterhub.test.sandbox")
+    with caplog.at_level(logging.DEBUG, logger=log.name):
+        for name in ("amy", "bob"):
+            local._warn_without_sandbox(log, "sandbox = off", name)
+        local._warn_without_sandbox(log, "bwrap cannot run: no user namespaces", "cy")
+    said = [(r.levelno, r.getMessage()) for r in caplog.records]
+    warnings = [text for level, text in said if level == logging.WARNING]
+    assert len(warnings) == 2
+    assert "amy" in warnings[0] and "sandbox = off" in warnings[0]
+    assert "cy" in warnings[1] and "no user namespaces" in warnings[1]
+    assert (logging.DEBUG, "Starting bob WITHOUT a sandbox (sandbox = off)") in said
