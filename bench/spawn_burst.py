@@ -445,12 +445,13 @@ def burst(
     names: list[str],
     options: dict,
     counted: dict[str, int],
-    yappi_pid: int | None = None,
+    mark_pid: int | None = None,
     perf_out: Path | None = None,
     together: threading.Barrier | None = None,
 ) -> dict:
     """Spawn every user at once; wait until each is ready or failed; stop them all.
-    With `yappi_pid`, that hub's yappi counts only the burst (`--yappi`); with `perf_out`,
+    With `mark_pid`, that hub is sent SIGUSR2 at the burst's start and end, so that its
+    yappi (`--yappi`) or garbage-collection count (`--gc`) covers the burst; with `perf_out`,
     `perf record` samples the hub's CPU (all threads, C stacks) through the burst (`--perf`)."""
     proxy = find_child(hub.proc.pid, "configurable-http-proxy")
     routes = proxy_routes(proxy, hub.site["hub"]["proxy_api_port"])
@@ -469,8 +470,8 @@ def burst(
         )
         replies[name] = r.status_code
 
-    if yappi_pid:
-        os.kill(yappi_pid, signal.SIGUSR2)
+    if mark_pid:
+        os.kill(mark_pid, signal.SIGUSR2)
     perf = None
     if perf_out:
         command = ["perf", "record", "-F", "499", "-g", "-p", str(hub.proc.pid), "-o"]
@@ -504,8 +505,8 @@ def burst(
         b - a for a, b in zip(hub_before, cpu_split(counted["hub"]), strict=True)
     )
     proxy_cpu = cpu_seconds(proxy) - proxy_before
-    if yappi_pid:
-        os.kill(yappi_pid, signal.SIGUSR2)
+    if mark_pid:
+        os.kill(mark_pid, signal.SIGUSR2)
     if perf:
         perf.send_signal(signal.SIGINT)
         perf.wait(60)
@@ -641,7 +642,8 @@ def main() -> None:
             + (NO_LIMITS if args.no_limits else "")
         )
         gc_out = {label: PROFILE_DIR / f"spawn_burst-{label}.gc" for label in ("meterhub", "stock")}
-        yappi = {
+        # what each hub runs to be marked at a burst's start and end (SIGUSR2)
+        marks = {
             label: YAPPI.format(out=str(PROFILE_DIR / f"spawn_burst-{label}.pstat"))
             if args.yappi
             else GC_STATS.format(out=str(gc_out[label]))
@@ -653,7 +655,7 @@ def main() -> None:
             Path(tmp) / "meterhub",
             Path(tmp) / "mocksu",
             args.users,
-            experiments + yappi["meterhub"],
+            experiments + marks["meterhub"],
         )
         # made before the hubs start; on a failure it removes what it made
         stock_cgroups = StockCgroups(names) if args.together else None
@@ -662,7 +664,7 @@ def main() -> None:
             Path(tmp) / "stock",
             stock_script,
             args.users,
-            yappi["stock"] + (STOCK_PORTS if args.together else ""),
+            marks["stock"] + (STOCK_PORTS if args.together else ""),
         )
         results: dict[str, list[dict]] = {"meterhub": [], "stock": []}
         try:
@@ -711,11 +713,11 @@ def main() -> None:
                     if args.profile and round_no == 0:
                         spy = profile(label, counted[label], args.profile, args.profile_rate)
                     marked = (args.yappi and round_no == 0) or args.gc
-                    yappi_pid = hub.proc.pid if marked else None
+                    mark_pid = hub.proc.pid if marked else None
                     perf_out = None
                     if args.perf and round_no == 0:
                         perf_out = PROFILE_DIR / f"spawn_burst-{label}.perf"
-                    r = burst(hub, names, options, counted[label], yappi_pid, perf_out)
+                    r = burst(hub, names, options, counted[label], mark_pid, perf_out)
                     for proc, _out in spy or []:
                         proc.wait(args.profile + 60)
                     results[label].append(r)
