@@ -12,6 +12,11 @@ and between bursts every server is stopped. What each runs:
 Both get the same `Spawner.start_timeout` / `http_timeout` and a `concurrent_spawn_limit`
 of N (JupyterHub's default, 100, answers 429 to the rest of a burst of 200). A burst sends
 the N spawn requests at once from N threads and ends when every server is ready or failed.
+Both hubs get the same request, `{"profile": "debug"}`: JupyterHub itself saves a request's
+user options as the server's next defaults (a commit of its database, about 0.9 ms of the
+hub's CPU a spawn), which stock's spawner then ignores. `--stock-bare` sends stock an empty
+body instead (the figures before 2026-12-06's fifth stop), so that stock's JupyterHub skips
+that commit.
 CPU seconds are utime+stime from /proc/PID/stat of the hub (meterhub: + its billing service)
 over the burst; the single-user servers and the proxy are not counted (the proxy's is shown).
 Time to ready: from a user's spawn request to its route in the proxy (polled from the
@@ -622,6 +627,12 @@ def main() -> None:
     )
     parser.add_argument("--stock-first", action="store_true", help="stock's burst first")
     parser.add_argument(
+        "--stock-bare",
+        action="store_true",
+        help="stock's spawn requests without a body (no user options: its JupyterHub then"
+        " saves none), instead of the same request as meterhub's",
+    )
+    parser.add_argument(
         "--together",
         action="store_true",
         help="both hubs' bursts at the same moment, on the same machine's moment-to-moment"
@@ -679,7 +690,9 @@ def main() -> None:
                 "meterhub": {"hub": ours.proc.pid, "billing": billing},
                 "stock": {"hub": stock.proc.pid},
             }
-            hubs = {"meterhub": (ours, {"profile": "debug"}), "stock": (stock, {})}
+            # the same request to both: JupyterHub saves the options either way
+            request = {"profile": "debug"}
+            hubs = {"meterhub": (ours, request), "stock": (stock, {} if args.stock_bare else request)}
             for label, (hub, options) in hubs.items():
                 if args.only not in (None, label):
                     continue
