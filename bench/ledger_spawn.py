@@ -1,8 +1,9 @@
 """The ledger's work for one spawn, in CPU, next to the same SQL through sqlite3 itself.
 
-A spawn asks the ledger for the admins' prices, the course that pays by default, the group
-that pays by default (no transaction when the user is in no group), opens the metered
-session and, once the server answers, marks it ready. This runs those calls for N users
+A spawn reads the admins' prices and the user's courses (one transaction), picks the course
+that pays by default (nothing more to read for a user in no course), the group that pays by
+default (no transaction when the user is in no group), opens the metered session and, once
+the server answers, marks it ready. This runs those calls for N users
 who have wallets (as the hub's users do after their first sign-in) on a SQLite ledger, and
 then the same statements through Python's sqlite3 module, one transaction each, with
 nothing between: the floor any ledger written in Python pays. CPU is this thread's
@@ -40,8 +41,16 @@ def ledger_calls(ledger: Ledger, users: list[str]) -> dict[str, list[float]]:
 
     sessions = []
     for user in users:
-        timed("price_overrides", ledger.price_overrides)
-        timed("default_course", ledger.default_course, user, "debug", 0)
+        reads = timed("spawn_reads", ledger.spawn_reads, user)
+        timed(
+            "default_course",
+            ledger.default_course,
+            user,
+            "debug",
+            0,
+            None,
+            reads.student_courses,
+        )
         timed("default_group_wallets", ledger.default_group_wallets, set())
         auth = timed(
             "open_session",
@@ -81,21 +90,19 @@ def raw_calls(path: str, users: list[str]) -> dict[str, list[float]]:
     sessions = []
     for user in users:
         transaction(
-            "price_overrides",
+            "spawn_reads",
             (
                 "SELECT profile, micros_per_hour FROM prices WHERE effective_from <= ?"
                 " ORDER BY effective_from, id",
                 (now,),
             ),
-        )
-        transaction(
-            "default_course",
             (
                 "SELECT course_name FROM course_members WHERE user_name = ? AND role = 'student'"
                 " ORDER BY course_name",
                 (user,),
             ),
         )
+        took.setdefault("default_course", []).append(0.0)  # no course: nothing more to read
         took.setdefault("default_group_wallets", []).append(0.0)
         began = time.thread_time()
         db.execute("BEGIN IMMEDIATE")

@@ -29,6 +29,7 @@ from sqlalchemy.exc import IntegrityError
 from meterhub.i18n import _
 
 from . import labwindows
+from .db import Direct
 from .orm import (
     AT_WINDOW_END,
     CAP_PERIODS,
@@ -51,10 +52,11 @@ from .postings import (
 from .wallets import USER_NAME, WalletRef, allowance_ref, fold, period_start
 
 if TYPE_CHECKING:
+    from sqlalchemy.engine import Connection
     from sqlalchemy.orm import Session
 
 #: built once (every spawn without a named wallet asks it, bench/ledger_spawn.py)
-_STUDENT_COURSES = (
+_STUDENT_COURSES = Direct(
     select(CourseMember.course_name)
     .where(CourseMember.user_name == bindparam("user"), CourseMember.role == "student")
     .order_by(CourseMember.course_name)
@@ -360,7 +362,10 @@ class Courses(LedgerPart):
     def student_courses(self, user: str) -> list[str]:
         """The courses `user` is a student of."""
         with self.engine.begin() as connection:
-            return list(connection.execute(_STUDENT_COURSES, {"user": user}).scalars())
+            return self._student_courses(connection, user)
+
+    def _student_courses(self, connection: Connection, user: str) -> list[str]:
+        return [name for (name,) in _STUDENT_COURSES.rows(connection, {"user": user})]
 
     def staff_courses(self, user: str) -> list[str]:
         """The courses `user` is a TA or an instructor of."""
@@ -670,12 +675,22 @@ class Courses(LedgerPart):
                 expired=expired,
             )
 
-    def default_course(self, user: str, profile: str, gpus: int, now: int | None = None) -> str:
+    def default_course(
+        self,
+        user: str,
+        profile: str,
+        gpus: int,
+        now: int | None = None,
+        student_courses: Sequence[str] | None = None,
+    ) -> str:
         """The course a student's spawn pays from when they name no wallet: the first (by
         name) they are a student of whose allowance has something left and which pays for
-        this choice now; "" when none."""
+        this choice now; "" when none. `student_courses`: theirs, when already read
+        (`Queries.spawn_reads`)."""
         now = self.clock() if now is None else now
-        for name in self.student_courses(user):
+        if student_courses is None:
+            student_courses = self.student_courses(user)
+        for name in student_courses:
             course = self.course(name)
             if course is None or course.allowance_micros is None:
                 continue

@@ -11,8 +11,11 @@ from __future__ import annotations
 import os
 import sys
 import time
+import weakref
+from collections import namedtuple
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from alembic import command
 from alembic.config import Config as AlembicConfig
@@ -21,9 +24,92 @@ from alembic.script import ScriptDirectory
 from alembic.util.exc import CommandError
 from sqlalchemy import create_engine, event
 from sqlalchemy.engine import Engine
-from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 
 MIGRATIONS = str(Path(__file__).parent / "migrations")
+
+
+class Direct:
+    """A Core statement run straight on the DBAPI cursor of a SQLAlchemy connection (in its
+    transaction), compiled once for each database.
+
+    SQLAlchemy's work around each execution (its execution context, result and events) cost
+    a spawn's short statements about six times what the database did (bench/ledger_spawn.py,
+    bench/spawn_burst.py): the statements of a spawn's path run this way. Only for
+    statements whose parameters and columns need no conversion (integers, strings, NULL)
+    and whose insert names every column it sets. A select's rows are named tuples of its
+    columns' keys; an insert with `returning` gives the returned row.
+    """
+
+    def __init__(self, statement) -> None:
+        self.statement = statement
+        returned = getattr(statement, "returning_column_descriptions", None)
+        if returned:
+            names = [column["name"] for column in returned]
+        else:
+            names = [column.key for column in getattr(statement, "selected_columns", ())]
+        self.row: Any = namedtuple("Row", names) if names else None
+        #: {dialect: (SQL, the parameters' names in their order or None (by name), the
+        #: values of the statement's own literals)}
+        self._compiled: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+    def _sql(self, dialect) -> tuple[str, tuple[str, ...] | None, dict[str, Any]]:
+        made = self._compiled.get(dialect)
+        if made is None:
+            compiled = self.statement.compile(dialect=dialect)
+            order = tuple(compiled.positiontup or ()) if compiled.positional else None
+            literals = {k: v for k, v in compiled.params.items() if v is not None}
+            made = self._compiled[dialect] = (compiled.string, order, literals)
+        return made
+
+    def run(self, connection, params: dict):
+        """Execute; the DBAPI cursor, to read (`rows`, `first`) or close. The database's
+        errors are raised as SQLAlchemy's (`DBAPIError` and its kinds), as `execute` does;
+        a lost connection is invalidated."""
+        dialect = connection.dialect
+        sql, order, literals = self._sql(dialect)
+        given = {**literals, **params} if literals else params
+        values = given if order is None else tuple(given[name] for name in order)
+        cursor = connection.connection.cursor()
+        try:
+            cursor.execute(sql, values)
+        except dialect.loaded_dbapi.Error as e:
+            lost = dialect.is_disconnect(e, connection.connection, cursor)
+            cursor.close()
+            if lost:
+                connection.invalidate(e)
+            raise DBAPIError.instance(
+                sql,
+                values,
+                e,
+                dialect.loaded_dbapi.Error,
+                connection_invalidated=lost,
+                dialect=dialect,
+            ) from e
+        return cursor
+
+    def rows(self, connection, params: dict) -> list[Any]:
+        cursor = self.run(connection, params)
+        try:
+            return [self.row._make(values) for values in cursor.fetchall()]
+        finally:
+            cursor.close()
+
+    def first(self, connection, params: dict) -> Any:
+        cursor = self.run(connection, params)
+        try:
+            values = cursor.fetchone()
+            return None if values is None else self.row._make(values)
+        finally:
+            cursor.close()
+
+    def count(self, connection, params: dict) -> int:
+        """Execute an update or delete; the rows it matched."""
+        cursor = self.run(connection, params)
+        try:
+            return cursor.rowcount
+        finally:
+            cursor.close()
 
 
 class SchemaMismatch(RuntimeError):

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from jupyterhub.utils import maybe_future
@@ -123,7 +124,8 @@ def _authorize(spawner, asked: SpawnAsk):
     settings = _settings(spawner)
     try:
         ledger = settings.ledger()
-        catalog = priced_catalog(spawner.config, ledger)
+        reads = ledger.spawn_reads(asked.user)  # one transaction for what the choice needs
+        catalog = priced_catalog(spawner.config, ledger, reads.prices)
     except DBAPIError:
         spawner.log.exception("Ledger database error while pricing %s", asked.log_name)
         raise web.HTTPError(503, _(BILLING_DOWN), reason="Billing unavailable") from None
@@ -136,7 +138,13 @@ def _authorize(spawner, asked: SpawnAsk):
         raise web.HTTPError(400, too_small, reason="Limit too small")
     try:
         wallet = paying_wallet(
-            ledger, asked.user, asked.groups, asked.options, choice.profile.slug, choice.gpus
+            ledger,
+            asked.user,
+            asked.groups,
+            asked.options,
+            choice.profile.slug,
+            choice.gpus,
+            reads.student_courses,
         )
         if wallet is not None and wallet.is_course:
             course = ledger.course(wallet.name)
@@ -209,15 +217,17 @@ def paying_wallet(
     options: dict | None = None,
     profile: str = "debug",
     gpus: int = 0,
+    student_courses: Sequence[str] | None = None,
 ) -> WalletRef | None:
     """The wallet the user options name (`"wallet": "group:vision"`), checked against the
     user's JupyterHub `groups` (`member_groups`; a course: its roster) now; without one, a
     course of theirs with allowance left that pays for this choice now, else a group of
     theirs that pays for its members by default, else None (their own wallet). HTTP 400 for
-    a malformed reference, 403 for a wallet they may not pay from (blocking: the ledger)."""
+    a malformed reference, 403 for a wallet they may not pay from (blocking: the ledger).
+    `student_courses`: the courses they are a student of, when already read."""
     raw = (options or {}).get("wallet")
     if raw is None or raw == "":
-        course = ledger.default_course(user, profile, gpus)
+        course = ledger.default_course(user, profile, gpus, student_courses=student_courses)
         if course:
             return WalletRef("course", course)
         defaults = ledger.default_group_wallets(groups)

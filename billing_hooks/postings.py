@@ -27,6 +27,7 @@ from meterhub.i18n import DEFAULT as DEFAULT_LANGUAGE
 from meterhub.i18n import _, in_every_language
 
 from .clock import utcnow
+from .db import Direct
 from .money import MICROS, accrued, format_duration, format_money, seconds_covered, window_charge
 from .orm import (
     Entry,
@@ -174,8 +175,25 @@ _OPEN_OF_SERVER = select(MeteredSession.id).where(
     MeteredSession.server_name == bindparam("server"),
     MeteredSession.stopped_at.is_(None),
 )
-_NEW_SESSION = insert(MeteredSession)
-_MARK_READY = (
+#: the columns a new session is given (every one, so that no column's default is needed)
+_NEW_SESSION_COLUMNS = (
+    "wallet_id",
+    "user_name",
+    "server_name",
+    "profile",
+    "gpus",
+    "rate_micros_per_hour",
+    "started_at",
+    "max_cost_micros",
+    "max_seconds",
+    "environment",
+)
+_NEW_SESSION = Direct(
+    insert(MeteredSession)
+    .values({name: bindparam(name) for name in _NEW_SESSION_COLUMNS})
+    .returning(MeteredSession.id)
+)
+_MARK_READY_STATEMENT = (
     update(MeteredSession)
     .where(
         MeteredSession.id == bindparam("session"),
@@ -186,6 +204,15 @@ _MARK_READY = (
         ready_at=bindparam("at"), metered_through=bindparam("at"), last_seen_running=bindparam("at")
     )
 )
+
+
+#: the spawn's statements, run without SQLAlchemy's per-execution work (`db.Direct`)
+_WALLET_BALANCE_LOCKED_DIRECT = Direct(_WALLET_BALANCE_LOCKED)
+_WALLET_BALANCE_DIRECT = Direct(_WALLET_BALANCE)
+_OPEN_OF_SERVER_DIRECT = Direct(_OPEN_OF_SERVER)
+_PASSES_NOT_ENDED_DIRECT = Direct(_PASSES_NOT_ENDED)
+_OPEN_ON_WALLET_DIRECT = Direct(_OPEN_ON_WALLET)
+_MARK_READY = Direct(_MARK_READY_STATEMENT)
 
 
 class Postings:
@@ -467,32 +494,32 @@ class Postings:
             # the wallet, locked: its id and balance, read without the ORM where it exists
             account: Any = None
             if not payer.is_course:
-                account = connection.execute(
-                    _WALLET_BALANCE_LOCKED, {"kind": payer.kind, "name": payer.name}
-                ).first()
+                account = _WALLET_BALANCE_LOCKED_DIRECT.first(
+                    connection, {"kind": payer.kind, "name": payer.name}
+                )
             if account is None:
                 if payer.is_course:
                     account = self._course_payer(db, payer.name, user, now)
                 else:
                     account = self._ensure_wallet(db, payer)
             # a session left open for this server (the hub died mid-spawn) cannot be running
-            stale_ids = connection.execute(
-                _OPEN_OF_SERVER, {"user": user, "server": server_name}
-            ).scalars()
-            for stale_id in list(stale_ids):
+            left_open = _OPEN_OF_SERVER_DIRECT.rows(
+                connection, {"user": user, "server": server_name}
+            )
+            for (stale_id,) in left_open:
                 stale = db.get_one(MeteredSession, stale_id)
                 charged = self._close(db, stale, stale.last_seen_running or stale.started_at, HUB)
                 db.flush()  # the reads below are Core's: they see only what is flushed
                 if charged is not None and charged.wallet_id == account.id:
                     # its last window was charged to this wallet: the balance read above is
                     # stale (an ORM wallet was moved by the charge; a Core row is not)
-                    account = connection.execute(_WALLET_BALANCE, {"wallet": account.id}).one()
+                    account = _WALLET_BALANCE_DIRECT.first(connection, {"wallet": account.id})
             # the passes not ended: those valid now, and those that cover this one later on
-            passes = connection.execute(_PASSES_NOT_ENDED, {"wallet": account.id, "now": now}).all()
+            passes = _PASSES_NOT_ENDED_DIRECT.rows(connection, {"wallet": account.id, "now": now})
             valid = [p for p in passes if p.starts_at <= now]
             open_sessions = [
                 other
-                for other in connection.execute(_OPEN_ON_WALLET, {"wallet": account.id})
+                for other in _OPEN_ON_WALLET_DIRECT.rows(connection, {"wallet": account.id})
                 # a server a valid pass pays for needs no credit
                 if not any(p.profile == other.profile and p.gpus >= other.gpus for p in valid)
             ]
@@ -562,8 +589,8 @@ class Postings:
                                 **values,
                             )
                         raise CapReached(message)
-            inserted = connection.execute(
-                _NEW_SESSION,
+            inserted = _NEW_SESSION.first(
+                connection,
                 {
                     "wallet_id": account.id,
                     "user_name": user,
@@ -577,9 +604,8 @@ class Postings:
                     "environment": environment,
                 },
             )
-            key = inserted.inserted_primary_key
-            assert key is not None  # one row inserted
-            session_id = int(key[0])
+            assert inserted is not None  # one row inserted, its id returned
+            session_id = int(inserted.id)
             covering = [p for p in passes if p.profile == profile and p.gpus >= gpus]
             runway = session_runway(
                 covered_until=covered_until(((p.starts_at, p.ends_at) for p in covering), now),
@@ -595,7 +621,7 @@ class Postings:
         """Charging starts here. Idempotent: the first ready time wins."""
         at = self.clock() if at is None else at
         with self.engine.begin() as connection:  # one statement: no ORM session needed
-            connection.execute(_MARK_READY, {"session": session_id, "at": at})
+            _MARK_READY.count(connection, {"session": session_id, "at": at})
 
     def charge(self, session_id: int, until: int, actor: str = METER) -> Entry | None:
         """Charge [metered_through, until) of a session; None when there is nothing to charge."""

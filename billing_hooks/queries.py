@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, NamedTuple, cast
 
 from sqlalchemy import and_, bindparam, func, or_, select
 
+from .db import Direct
 from .orm import (
     AuditRun,
     Entry,
@@ -24,7 +25,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
     from contextlib import contextmanager
 
-    from sqlalchemy.engine import Engine, Row
+    from sqlalchemy.engine import Connection, Engine, Row
     from sqlalchemy.orm import Session
 
     from .wallets import WalletRef
@@ -37,6 +38,16 @@ _PRICES_BY = (
     .where(Price.effective_from <= bindparam("at"))
     .order_by(Price.effective_from, Price.id)
 )
+
+
+_PRICES_BY_DIRECT = Direct(_PRICES_BY)
+
+
+def _prices_in_effect(connection: Connection, at: int) -> dict[str, int]:
+    current: dict[str, int] = {}
+    for profile, micros in _PRICES_BY_DIRECT.rows(connection, {"at": at}):
+        current[profile] = micros  # a later row replaces an earlier one
+    return current
 
 
 class PriceChange(NamedTuple):
@@ -52,11 +63,22 @@ class PriceChange(NamedTuple):
     created_at: int
 
 
+class SpawnReads(NamedTuple):
+    """What a spawn's decision reads before it opens the session, in one transaction."""
+
+    #: `Queries.price_overrides`
+    prices: dict[str, int]
+    #: `Courses.student_courses` of the spawning user
+    student_courses: list[str]
+
+
 class Queries:
     if TYPE_CHECKING:
         # Postings provides these; Ledger puts the two together
         clock: Callable[[], int]
         engine: Engine
+
+        def _student_courses(self, connection: Connection, user: str) -> list[str]: ...
 
         @contextmanager
         def begin(self) -> Iterator[Session]: ...
@@ -163,11 +185,18 @@ class Queries:
         """{profile: micros per hour} of the admins' prices in effect at `at` (now): each
         profile's latest row effective by then. Profiles not listed use the site config."""
         at = self.clock() if at is None else at
-        current: dict[str, int] = {}
         with self.engine.begin() as connection:
-            for profile, micros in connection.execute(_PRICES_BY, {"at": at}):
-                current[profile] = micros  # a later row replaces an earlier one
-        return current
+            return _prices_in_effect(connection, at)
+
+    def spawn_reads(self, user: str, at: int | None = None) -> SpawnReads:
+        """The admins' prices in effect at `at` (now) and the courses `user` is a student
+        of, read in one transaction: a spawn needs both before it opens its session, and
+        each transaction costs the hub (bench/ledger_spawn.py)."""
+        at = self.clock() if at is None else at
+        with self.engine.begin() as connection:
+            return SpawnReads(
+                _prices_in_effect(connection, at), self._student_courses(connection, user)
+            )
 
     def price_history(self, limit: int = 50) -> list[PriceChange]:
         """The admins' price changes, newest (latest effective) first, each with the price it

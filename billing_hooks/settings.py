@@ -192,12 +192,14 @@ def billing_settings_of(config) -> BillingSettings:
     return per_config(BillingSettings, config)
 
 
-def priced_catalog(config, ledger: Ledger):
-    """The catalog with the admins' price changes (kept in the ledger) applied (blocking).
-    Made once for each config and set of price changes: shared, never to be changed."""
+def priced_catalog(config, ledger: Ledger, overrides: dict[str, int] | None = None):
+    """The catalog with the admins' price changes (kept in the ledger, or `overrides` as
+    read from it) applied (blocking). Made once for each config and set of price changes:
+    shared, never to be changed."""
     from meterhub.spawner.catalog import Catalog
 
-    overrides = ledger.price_overrides()
+    if overrides is None:
+        overrides = ledger.price_overrides()
     prices = tuple(sorted((p, str(from_micros(m))) for p, m in overrides.items()))
 
     def make() -> Catalog:

@@ -309,3 +309,39 @@ def test_a_pass_covers_a_spawn_only_if_it_lasts_the_minimum_minutes(make_ledger)
     assert ledger.open_session("jo", "", "a800", 1, rate, min_seconds=600).session_id
     with pytest.raises(InsufficientCredit):  # the pass is for one GPU
         ledger.open_session("jo", "two", "a800", 2, rate, min_seconds=600)
+
+
+def test_a_spawns_reads_are_the_prices_and_the_students_courses_of_one_moment(make_ledger):
+    from meterhub.billing_hooks.courses import RosterLine
+
+    ledger, clock = make_ledger()
+    ledger.set_price("a800", to_micros("5.00"), actor="root")
+    ledger.set_price("h800", to_micros("9.00"), actor="root", effective_from=clock() + 60)
+    for course in ("ml201", "ml101", "cv1"):
+        ledger.create_course(course, "root", instructors=["prof"])
+    ledger.import_roster("ml201", [RosterLine("amy")], "root")
+    ledger.import_roster("ml101", [RosterLine("amy"), RosterLine("bo")], "root")
+    ledger.import_roster("cv1", [RosterLine("amy", "ta")], "root")  # staff, not a student
+    reads = ledger.spawn_reads("amy")
+    assert reads.prices == ledger.price_overrides() == {"a800": to_micros("5.00")}
+    assert reads.student_courses == ledger.student_courses("amy") == ["ml101", "ml201"]
+    assert ledger.spawn_reads("bo").student_courses == ["ml101"]
+    assert ledger.spawn_reads("cy") == ({"a800": to_micros("5.00")}, [])
+    clock.advance(60)
+    assert ledger.spawn_reads("cy").prices["h800"] == to_micros("9.00")
+
+
+def test_a_direct_statements_database_errors_are_sqlalchemys(make_ledger):
+    """What the pre-spawn hook catches (DBAPIError: billing unavailable, HTTP 503) is raised
+    by the spawn's statements that bypass SQLAlchemy's execution too."""
+    from sqlalchemy import column, select, table
+    from sqlalchemy.exc import DBAPIError
+
+    from meterhub.billing_hooks.db import Direct
+
+    ledger, _ = make_ledger()
+    missing = Direct(select(column("x")).select_from(table("no_such_table")))
+    with pytest.raises(DBAPIError), ledger.engine.begin() as connection:
+        missing.rows(connection, {})
+    # the connection it used is fine for the next
+    assert ledger.spawn_reads("amy").student_courses == []
