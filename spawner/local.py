@@ -248,15 +248,22 @@ def write_record(data_dir: str, record: ServerRecord) -> None:
     read as a server that may use its disk (`hub/disk_cli.server_on_disk`), and no disk
     could be archived until someone deleted it.
     """
-    os.makedirs(records_dir(data_dir), mode=0o700, exist_ok=True)
     path = record_path(data_dir, record.owner)
     temporary = path + ".tmp"
-    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(record.to_json())
-        f.flush()
-        os.fsync(f.fileno())
-    os.chmod(temporary, 0o600)  # in case a crash left it with another mode
+    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC
+    try:
+        fd = os.open(temporary, flags, 0o600)
+    except FileNotFoundError:  # the first record of this data folder
+        os.makedirs(records_dir(data_dir), mode=0o700, exist_ok=True)
+        fd = os.open(temporary, flags, 0o600)
+    try:
+        os.fchmod(fd, 0o600)  # in case a crash left it with another mode
+        data = record.to_json().encode()
+        while data:  # a record is far below a pipe's buffer: one write, in practice
+            data = data[os.write(fd, data) :]
+        os.fsync(fd)
+    finally:
+        os.close(fd)
     os.replace(temporary, path)
 
 

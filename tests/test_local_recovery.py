@@ -24,6 +24,7 @@ from meterhub.spawner.local import (
     ServerRecord,
     carries_marker,
     group_has_live_members,
+    read_record,
     read_records,
     record_path,
     server_processes,
@@ -53,8 +54,12 @@ def test_a_record_round_trips_and_bad_ones_are_refused():
 def test_records_are_written_atomically_and_privately(tmp_path):
     record = ServerRecord("3/", DISK, 1, (0,))
     write_record(str(tmp_path), record)
-    write_record(str(tmp_path), ServerRecord("3/", DISK, 1, (0,), pid=77))
     path = Path(record_path(str(tmp_path), "3/"))
+    # a crash's temporary file, readable by all, is written over privately
+    Path(f"{path}.tmp").write_text("{")
+    os.chmod(f"{path}.tmp", 0o666)
+    write_record(str(tmp_path), ServerRecord("3/", DISK, 1, (0,), pid=77))
+    assert read_record(str(tmp_path), "3/") == ServerRecord("3/", DISK, 1, (0,), pid=77)
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
     assert stat.S_IMODE(path.parent.stat().st_mode) == 0o700
     (path.parent / "junk.json").write_text("not json")
