@@ -55,6 +55,8 @@ if TYPE_CHECKING:
     from sqlalchemy.engine import Connection
     from sqlalchemy.orm import Session
 
+    from .db import PooledConnection
+
 #: built once (every spawn without a named wallet asks it, bench/ledger_spawn.py)
 _STUDENT_COURSES = Direct(
     select(CourseMember.course_name)
@@ -364,7 +366,7 @@ class Courses(LedgerPart):
         with self.engine.begin() as connection:
             return self._student_courses(connection, user)
 
-    def _student_courses(self, connection: Connection, user: str) -> list[str]:
+    def _student_courses(self, connection: Connection | PooledConnection, user: str) -> list[str]:
         return [name for (name,) in _STUDENT_COURSES.rows(connection, {"user": user})]
 
     def staff_courses(self, user: str) -> list[str]:

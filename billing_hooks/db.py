@@ -13,7 +13,8 @@ import sys
 import time
 import weakref
 from collections import namedtuple
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +23,7 @@ from alembic.config import Config as AlembicConfig
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from alembic.util.exc import CommandError
-from sqlalchemy import create_engine, event
+from sqlalchemy import create_engine, event, text
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 
@@ -110,6 +111,57 @@ class Direct:
             return cursor.rowcount
         finally:
             cursor.close()
+
+
+class PooledConnection:
+    """A pooled DBAPI connection, with what `Direct.run` reads of a SQLAlchemy Connection."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.dialect = engine.dialect
+        error = self.dialect.loaded_dbapi.Error
+        try:
+            self.connection = engine.raw_connection()
+        except error as e:  # the pool's, unlike Engine.connect's, are the driver's own
+            raise DBAPIError.instance(None, None, e, error, dialect=self.dialect) from e
+
+    def invalidate(self, error: BaseException) -> None:
+        self.connection.invalidate(error)
+
+    def commit(self) -> None:
+        try:
+            self.connection.commit()
+        except self.dialect.loaded_dbapi.Error as e:
+            error = self.dialect.loaded_dbapi.Error
+            raise DBAPIError.instance("COMMIT", (), e, error, dialect=self.dialect) from e
+
+
+#: SQLite's BEGIN of a `direct_transaction` that writes (True) or only reads (False)
+_SQLITE_BEGIN = {True: Direct(text("BEGIN IMMEDIATE")), False: Direct(text("BEGIN"))}
+
+
+@contextmanager
+def direct_transaction(engine: Engine, write: bool = False) -> Iterator[PooledConnection]:
+    """A transaction for `Direct` statements alone, on a pooled DBAPI connection without a
+    SQLAlchemy Connection around it (whose begin, events and return to the pool cost a
+    one-statement transaction of a spawn more than the statement: bench/ledger_spawn.py).
+    Committed at the end, rolled back on an error. SQLite: BEGIN IMMEDIATE for a `write`
+    (as `make_engine`'s transactions: the write lock at once, never a deadlock), BEGIN for
+    reads (one snapshot, no lock held against writers); other databases begin by themselves
+    (PostgreSQL: READ COMMITTED, as the engine's)."""
+    pooled = PooledConnection(engine)
+    try:
+        if engine.dialect.name == "sqlite":
+            _SQLITE_BEGIN[write].count(pooled, {})
+        yield pooled
+        pooled.commit()
+    except BaseException:
+        try:
+            pooled.connection.rollback()
+        except Exception:  # a lost connection: closing it below returns nothing broken
+            pooled.connection.invalidate()
+        raise
+    finally:
+        pooled.connection.close()
 
 
 class SchemaMismatch(RuntimeError):

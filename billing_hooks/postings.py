@@ -27,7 +27,7 @@ from meterhub.i18n import DEFAULT as DEFAULT_LANGUAGE
 from meterhub.i18n import _, in_every_language
 
 from .clock import utcnow
-from .db import Direct
+from .db import Direct, direct_transaction
 from .money import MICROS, accrued, format_duration, format_money, seconds_covered, window_charge
 from .orm import (
     Entry,
@@ -620,7 +620,7 @@ class Postings:
     def mark_ready(self, session_id: int, at: int | None = None) -> None:
         """Charging starts here. Idempotent: the first ready time wins."""
         at = self.clock() if at is None else at
-        with self.engine.begin() as connection:  # one statement: no ORM session needed
+        with direct_transaction(self.engine, write=True) as connection:  # one statement
             _MARK_READY.count(connection, {"session": session_id, "at": at})
 
     def charge(self, session_id: int, until: int, actor: str = METER) -> Entry | None:

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, NamedTuple, cast
 
 from sqlalchemy import and_, bindparam, func, or_, select
 
-from .db import Direct
+from .db import Direct, direct_transaction
 from .orm import (
     AuditRun,
     Entry,
@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from sqlalchemy.engine import Connection, Engine, Row
     from sqlalchemy.orm import Session
 
+    from .db import PooledConnection
     from .wallets import WalletRef
 
 DAY = 86_400
@@ -43,7 +44,7 @@ _PRICES_BY = (
 _PRICES_BY_DIRECT = Direct(_PRICES_BY)
 
 
-def _prices_in_effect(connection: Connection, at: int) -> dict[str, int]:
+def _prices_in_effect(connection: Connection | PooledConnection, at: int) -> dict[str, int]:
     current: dict[str, int] = {}
     for profile, micros in _PRICES_BY_DIRECT.rows(connection, {"at": at}):
         current[profile] = micros  # a later row replaces an earlier one
@@ -78,7 +79,9 @@ class Queries:
         clock: Callable[[], int]
         engine: Engine
 
-        def _student_courses(self, connection: Connection, user: str) -> list[str]: ...
+        def _student_courses(
+            self, connection: Connection | PooledConnection, user: str
+        ) -> list[str]: ...
 
         @contextmanager
         def begin(self) -> Iterator[Session]: ...
@@ -193,7 +196,7 @@ class Queries:
         of, read in one transaction: a spawn needs both before it opens its session, and
         each transaction costs the hub (bench/ledger_spawn.py)."""
         at = self.clock() if at is None else at
-        with self.engine.begin() as connection:
+        with direct_transaction(self.engine) as connection:
             return SpawnReads(
                 _prices_in_effect(connection, at), self._student_courses(connection, user)
             )

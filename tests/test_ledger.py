@@ -87,23 +87,34 @@ def test_a_stale_session_a_spawn_closes_is_charged_before_its_credit_check(make_
     assert ledger.audit() == []
 
 
-def test_the_spawns_core_transactions_take_sqlites_write_lock_at_begin(tmp_path):
-    """mark_ready, the price overrides and a student's courses run on Core connections
-    (engine.begin()): on SQLite each begins with BEGIN IMMEDIATE, as the ORM's do."""
+def test_the_spawns_transactions_begin_as_sqlite_should(tmp_path):
+    """As SQLite runs them (its own trace of every statement, those that bypass SQLAlchemy
+    too): mark_ready and the Core transactions begin with BEGIN IMMEDIATE (the write lock
+    at once, as the ORM's do: a read-then-write never deadlocks); a spawn's reads begin with
+    BEGIN (one snapshot, no lock against writers); each commits."""
     engine = connect(f"sqlite:///{tmp_path}/ledger.sqlite")
-    ledger = Ledger(engine, clock=FakeClock())
-    auth = ledger.open_session("tia", "", "debug", 0, to_micros("0.10"), min_seconds=60)
     statements: list[str] = []
 
-    @event.listens_for(engine, "before_cursor_execute")
-    def _seen(_conn, _cursor, statement, *_rest):
-        statements.append(statement)
+    @event.listens_for(engine, "connect")
+    def _trace(dbapi_connection, _record):
+        dbapi_connection.set_trace_callback(statements.append)
 
-    ledger.mark_ready(auth.session_id)
-    ledger.price_overrides()
-    ledger.student_courses("tia")
-    assert [s for s in statements if s.startswith("BEGIN")] == ["BEGIN IMMEDIATE"] * 3
-    assert statements[0] == "BEGIN IMMEDIATE"
+    engine.dispose()  # the pool's connections from before the listener
+    ledger = Ledger(engine, clock=FakeClock())
+    auth = ledger.open_session("tia", "", "debug", 0, to_micros("0.10"), min_seconds=60)
+
+    def run(call, *args):
+        statements.clear()
+        call(*args)
+        return [s.split()[0] if not s.startswith("BEGIN") else s for s in statements]
+
+    assert run(ledger.mark_ready, auth.session_id) == ["BEGIN IMMEDIATE", "UPDATE", "COMMIT"]
+    assert ledger.open_sessions()[0].ready_at is not None
+    assert run(ledger.spawn_reads, "tia") == ["BEGIN", "SELECT", "SELECT", "COMMIT"]
+    assert run(ledger.price_overrides) == ["BEGIN IMMEDIATE", "SELECT", "COMMIT"]
+    assert run(ledger.student_courses, "tia") == ["BEGIN IMMEDIATE", "SELECT", "COMMIT"]
+    opened = run(ledger.open_session, "tia", "two", "debug", 0, to_micros("0.10"), 60)
+    assert opened[0] == "BEGIN IMMEDIATE" and opened[-1] == "COMMIT" and "INSERT" in opened
 
 
 def test_charges_from_ready_to_stop_per_second_and_exactly(make_ledger):
@@ -337,11 +348,17 @@ def test_a_direct_statements_database_errors_are_sqlalchemys(make_ledger):
     from sqlalchemy import column, select, table
     from sqlalchemy.exc import DBAPIError
 
-    from meterhub.billing_hooks.db import Direct
+    from meterhub.billing_hooks.db import Direct, direct_transaction
 
     ledger, _ = make_ledger()
     missing = Direct(select(column("x")).select_from(table("no_such_table")))
     with pytest.raises(DBAPIError), ledger.engine.begin() as connection:
         missing.rows(connection, {})
-    # the connection it used is fine for the next
+    for write in (False, True):
+        with pytest.raises(DBAPIError), direct_transaction(ledger.engine, write) as pooled:
+            missing.rows(pooled, {})
+    # the connections it used (rolled back) are fine for the next
     assert ledger.spawn_reads("amy").student_courses == []
+    auth = ledger.open_session("amy", "", "debug", 0, to_micros("0.10"), min_seconds=60)
+    ledger.mark_ready(auth.session_id)
+    assert ledger.open_sessions()[0].ready_at is not None
