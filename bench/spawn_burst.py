@@ -692,7 +692,10 @@ def main() -> None:
             }
             # the same request to both: JupyterHub saves the options either way
             request = {"profile": "debug"}
-            hubs = {"meterhub": (ours, request), "stock": (stock, {} if args.stock_bare else request)}
+            hubs = {
+                "meterhub": (ours, request),
+                "stock": (stock, {} if args.stock_bare else request),
+            }
             for label, (hub, options) in hubs.items():
                 if args.only not in (None, label):
                     continue

@@ -37,92 +37,117 @@ class Direct:
     SQLAlchemy's work around each execution (its execution context, result and events) cost
     a spawn's short statements about six times what the database did (bench/ledger_spawn.py,
     bench/spawn_burst.py): the statements of a spawn's path run this way. Only for
-    statements whose parameters and columns need no conversion (integers, strings, NULL)
-    and whose insert names every column it sets. A select's rows are named tuples of its
-    columns' keys; an insert with `returning` gives the returned row.
+    statements whose parameters and columns need no conversion (integers, strings, NULL),
+    with no expanding IN, and whose insert names every column it sets: others are refused
+    when first compiled. A select's rows are named tuples of its columns' keys. `returning`:
+    the column an insert's `inserted` returns (RETURNING where the database has it, else the
+    cursor's last row id).
     """
 
-    def __init__(self, statement) -> None:
+    def __init__(self, statement, returning=None) -> None:
         self.statement = statement
-        returned = getattr(statement, "returning_column_descriptions", None)
-        if returned:
-            names = [column["name"] for column in returned]
-        else:
-            names = [column.key for column in getattr(statement, "selected_columns", ())]
+        self.returning = returning
+        names = [column.key for column in getattr(statement, "selected_columns", ())]
         self.row: Any = namedtuple("Row", names) if names else None
         #: {dialect: (SQL, the parameters' names in their order or None (by name), the
-        #: values of the statement's own literals)}
+        #: values of the statement's own literals, whether it returns the insert's id)}
         self._compiled: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
-    def _sql(self, dialect) -> tuple[str, tuple[str, ...] | None, dict[str, Any]]:
+    def _sql(self, dialect) -> tuple[str, tuple[str, ...] | None, dict[str, Any], bool]:
         made = self._compiled.get(dialect)
         if made is None:
-            compiled = self.statement.compile(dialect=dialect)
+            returns = self.returning is not None and dialect.insert_returning
+            statement = self.statement.returning(self.returning) if returns else self.statement
+            compiled = statement.compile(dialect=dialect)
+            converted = [
+                bind.key
+                for bind in compiled.binds.values()
+                if bind.type.dialect_impl(dialect).bind_processor(dialect) is not None
+            ]
+            converted += [
+                column.key
+                for column in getattr(statement, "selected_columns", ())
+                if column.type.dialect_impl(dialect).result_processor(dialect, None) is not None
+            ]
+            if converted or compiled.post_compile_params or compiled.escaped_bind_names:
+                raise ValueError(
+                    f"Direct cannot run this statement on {dialect.name}: {converted} need"
+                    " converting, or it expands parameters; run it through SQLAlchemy"
+                )
             order = tuple(compiled.positiontup or ()) if compiled.positional else None
             literals = {k: v for k, v in compiled.params.items() if v is not None}
-            made = self._compiled[dialect] = (compiled.string, order, literals)
+            made = self._compiled[dialect] = (compiled.string, order, literals, returns)
         return made
 
-    def run(self, connection, params: dict):
-        """Execute; the DBAPI cursor, to read (`rows`, `first`) or close. The database's
+    def _on_cursor(self, connection, params: dict, read: Callable[[Any, bool], Any]) -> Any:
+        """Execute, and `read(cursor, returns)` before the cursor closes. The database's
         errors are raised as SQLAlchemy's (`DBAPIError` and its kinds), as `execute` does;
         a lost connection is invalidated."""
         dialect = connection.dialect
-        sql, order, literals = self._sql(dialect)
+        sql, order, literals, returns = self._sql(dialect)
         given = {**literals, **params} if literals else params
         values = given if order is None else tuple(given[name] for name in order)
-        cursor = connection.connection.cursor()
+        pooled = connection.connection  # the pool's proxy of the DBAPI connection
+        cursor = None
         try:
+            cursor = pooled.cursor()
             cursor.execute(sql, values)
+            return read(cursor, returns)
         except dialect.loaded_dbapi.Error as e:
-            lost = dialect.is_disconnect(e, connection.connection, cursor)
-            cursor.close()
+            lost = dialect.is_disconnect(e, pooled, cursor)
             if lost:
                 connection.invalidate(e)
-            raise DBAPIError.instance(
-                sql,
-                values,
-                e,
-                dialect.loaded_dbapi.Error,
-                connection_invalidated=lost,
-                dialect=dialect,
-            ) from e
-        return cursor
+            raise as_sqlalchemy_error(e, dialect, sql, values, lost) from e
+        finally:
+            if cursor is not None and pooled.is_valid:
+                cursor.close()
 
     def rows(self, connection, params: dict) -> list[Any]:
-        cursor = self.run(connection, params)
-        try:
-            return [self.row._make(values) for values in cursor.fetchall()]
-        finally:
-            cursor.close()
+        return self._on_cursor(
+            connection, params, lambda cursor, _: [self.row._make(v) for v in cursor.fetchall()]
+        )
 
     def first(self, connection, params: dict) -> Any:
-        cursor = self.run(connection, params)
-        try:
+        def read(cursor, _returns):
             values = cursor.fetchone()
             return None if values is None else self.row._make(values)
-        finally:
-            cursor.close()
+
+        return self._on_cursor(connection, params, read)
 
     def count(self, connection, params: dict) -> int:
         """Execute an update or delete; the rows it matched."""
-        cursor = self.run(connection, params)
-        try:
-            return cursor.rowcount
-        finally:
-            cursor.close()
+        return self._on_cursor(connection, params, lambda cursor, _: cursor.rowcount)
+
+    def inserted(self, connection, params: dict) -> int:
+        """Execute an insert; the `returning` column of the row it inserted."""
+
+        def read(cursor, returns):
+            return cursor.fetchone()[0] if returns else cursor.lastrowid
+
+        return self._on_cursor(connection, params, read)
+
+
+def as_sqlalchemy_error(error, dialect, statement=None, params=None, lost: bool = False):
+    """A driver's error as SQLAlchemy raises it (`DBAPIError` and its kinds)."""
+    return DBAPIError.instance(
+        statement,
+        params,
+        error,
+        dialect.loaded_dbapi.Error,
+        connection_invalidated=lost,
+        dialect=dialect,
+    )
 
 
 class PooledConnection:
-    """A pooled DBAPI connection, with what `Direct.run` reads of a SQLAlchemy Connection."""
+    """A pooled DBAPI connection, with what `Direct` reads of a SQLAlchemy Connection."""
 
     def __init__(self, engine: Engine) -> None:
         self.dialect = engine.dialect
-        error = self.dialect.loaded_dbapi.Error
         try:
             self.connection = engine.raw_connection()
-        except error as e:  # the pool's, unlike Engine.connect's, are the driver's own
-            raise DBAPIError.instance(None, None, e, error, dialect=self.dialect) from e
+        except self.dialect.loaded_dbapi.Error as e:  # unlike Engine.connect's, the driver's
+            raise as_sqlalchemy_error(e, self.dialect) from e
 
     def invalidate(self, error: BaseException) -> None:
         self.connection.invalidate(error)
@@ -131,8 +156,7 @@ class PooledConnection:
         try:
             self.connection.commit()
         except self.dialect.loaded_dbapi.Error as e:
-            error = self.dialect.loaded_dbapi.Error
-            raise DBAPIError.instance("COMMIT", (), e, error, dialect=self.dialect) from e
+            raise as_sqlalchemy_error(e, self.dialect, "COMMIT") from e
 
 
 #: SQLite's BEGIN of a `direct_transaction` that writes (True) or only reads (False)
@@ -146,8 +170,8 @@ def direct_transaction(engine: Engine, write: bool = False) -> Iterator[PooledCo
     one-statement transaction of a spawn more than the statement: bench/ledger_spawn.py).
     Committed at the end, rolled back on an error. SQLite: BEGIN IMMEDIATE for a `write`
     (as `make_engine`'s transactions: the write lock at once, never a deadlock), BEGIN for
-    reads (one snapshot, no lock held against writers); other databases begin by themselves
-    (PostgreSQL: READ COMMITTED, as the engine's)."""
+    reads (no lock held against writers); other databases begin by themselves (PostgreSQL:
+    READ COMMITTED, as the engine's)."""
     pooled = PooledConnection(engine)
     try:
         if engine.dialect.name == "sqlite":
@@ -155,10 +179,11 @@ def direct_transaction(engine: Engine, write: bool = False) -> Iterator[PooledCo
         yield pooled
         pooled.commit()
     except BaseException:
-        try:
-            pooled.connection.rollback()
-        except Exception:  # a lost connection: closing it below returns nothing broken
-            pooled.connection.invalidate()
+        if pooled.connection.is_valid:  # not lost (Direct invalidates a lost one)
+            try:
+                pooled.connection.rollback()
+            except Exception:  # lost now: never back into the pool
+                pooled.connection.invalidate()
         raise
     finally:
         pooled.connection.close()

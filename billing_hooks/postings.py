@@ -155,25 +155,33 @@ _WALLET = (
 )
 _WALLET_LOCKED = _WALLET.with_for_update()
 _BALANCE = select(Wallet.id, Wallet.balance_micros)
-_WALLET_BALANCE_LOCKED = _BALANCE.where(
-    Wallet.owner_kind == bindparam("kind"), Wallet.owner_name == bindparam("name")
-).with_for_update()
-#: a wallet's balance again, under the lock this transaction holds on it
-_WALLET_BALANCE = _BALANCE.where(Wallet.id == bindparam("wallet"))
-#: a wallet's passes that have not ended at `now`: those valid now and those to come
-_PASSES_NOT_ENDED = select(Pass.profile, Pass.gpus, Pass.starts_at, Pass.ends_at).where(
-    Pass.wallet_id == bindparam("wallet"), Pass.ends_at > bindparam("now")
+_WALLET_BALANCE_LOCKED = Direct(
+    _BALANCE.where(
+        Wallet.owner_kind == bindparam("kind"), Wallet.owner_name == bindparam("name")
+    ).with_for_update()
 )
-_OPEN_ON_WALLET = select(
-    MeteredSession.user_name,
-    MeteredSession.profile,
-    MeteredSession.gpus,
-    MeteredSession.rate_micros_per_hour,
-).where(MeteredSession.wallet_id == bindparam("wallet"), MeteredSession.stopped_at.is_(None))
-_OPEN_OF_SERVER = select(MeteredSession.id).where(
-    MeteredSession.user_name == bindparam("user"),
-    MeteredSession.server_name == bindparam("server"),
-    MeteredSession.stopped_at.is_(None),
+#: a wallet's balance again, under the lock this transaction holds on it
+_WALLET_BALANCE = Direct(_BALANCE.where(Wallet.id == bindparam("wallet")))
+#: a wallet's passes that have not ended at `now`: those valid now and those to come
+_PASSES_NOT_ENDED = Direct(
+    select(Pass.profile, Pass.gpus, Pass.starts_at, Pass.ends_at).where(
+        Pass.wallet_id == bindparam("wallet"), Pass.ends_at > bindparam("now")
+    )
+)
+_OPEN_ON_WALLET = Direct(
+    select(
+        MeteredSession.user_name,
+        MeteredSession.profile,
+        MeteredSession.gpus,
+        MeteredSession.rate_micros_per_hour,
+    ).where(MeteredSession.wallet_id == bindparam("wallet"), MeteredSession.stopped_at.is_(None))
+)
+_OPEN_OF_SERVER = Direct(
+    select(MeteredSession.id).where(
+        MeteredSession.user_name == bindparam("user"),
+        MeteredSession.server_name == bindparam("server"),
+        MeteredSession.stopped_at.is_(None),
+    )
 )
 #: the columns a new session is given (every one, so that no column's default is needed)
 _NEW_SESSION_COLUMNS = (
@@ -189,11 +197,10 @@ _NEW_SESSION_COLUMNS = (
     "environment",
 )
 _NEW_SESSION = Direct(
-    insert(MeteredSession)
-    .values({name: bindparam(name) for name in _NEW_SESSION_COLUMNS})
-    .returning(MeteredSession.id)
+    insert(MeteredSession).values({name: bindparam(name) for name in _NEW_SESSION_COLUMNS}),
+    returning=MeteredSession.id,
 )
-_MARK_READY_STATEMENT = (
+_MARK_READY = Direct(
     update(MeteredSession)
     .where(
         MeteredSession.id == bindparam("session"),
@@ -204,15 +211,6 @@ _MARK_READY_STATEMENT = (
         ready_at=bindparam("at"), metered_through=bindparam("at"), last_seen_running=bindparam("at")
     )
 )
-
-
-#: the spawn's statements, run without SQLAlchemy's per-execution work (`db.Direct`)
-_WALLET_BALANCE_LOCKED_DIRECT = Direct(_WALLET_BALANCE_LOCKED)
-_WALLET_BALANCE_DIRECT = Direct(_WALLET_BALANCE)
-_OPEN_OF_SERVER_DIRECT = Direct(_OPEN_OF_SERVER)
-_PASSES_NOT_ENDED_DIRECT = Direct(_PASSES_NOT_ENDED)
-_OPEN_ON_WALLET_DIRECT = Direct(_OPEN_ON_WALLET)
-_MARK_READY = Direct(_MARK_READY_STATEMENT)
 
 
 class Postings:
@@ -494,7 +492,7 @@ class Postings:
             # the wallet, locked: its id and balance, read without the ORM where it exists
             account: Any = None
             if not payer.is_course:
-                account = _WALLET_BALANCE_LOCKED_DIRECT.first(
+                account = _WALLET_BALANCE_LOCKED.first(
                     connection, {"kind": payer.kind, "name": payer.name}
                 )
             if account is None:
@@ -503,23 +501,22 @@ class Postings:
                 else:
                     account = self._ensure_wallet(db, payer)
             # a session left open for this server (the hub died mid-spawn) cannot be running
-            left_open = _OPEN_OF_SERVER_DIRECT.rows(
-                connection, {"user": user, "server": server_name}
-            )
+            left_open = _OPEN_OF_SERVER.rows(connection, {"user": user, "server": server_name})
             for (stale_id,) in left_open:
                 stale = db.get_one(MeteredSession, stale_id)
                 charged = self._close(db, stale, stale.last_seen_running or stale.started_at, HUB)
-                db.flush()  # the reads below are Core's: they see only what is flushed
+                db.flush()  # the reads below go to the database: they see only what is flushed
                 if charged is not None and charged.wallet_id == account.id:
                     # its last window was charged to this wallet: the balance read above is
                     # stale (an ORM wallet was moved by the charge; a Core row is not)
-                    account = _WALLET_BALANCE_DIRECT.first(connection, {"wallet": account.id})
+                    account = _WALLET_BALANCE.first(connection, {"wallet": account.id})
+                    assert account is not None  # locked by this transaction: still there
             # the passes not ended: those valid now, and those that cover this one later on
-            passes = _PASSES_NOT_ENDED_DIRECT.rows(connection, {"wallet": account.id, "now": now})
+            passes = _PASSES_NOT_ENDED.rows(connection, {"wallet": account.id, "now": now})
             valid = [p for p in passes if p.starts_at <= now]
             open_sessions = [
                 other
-                for other in _OPEN_ON_WALLET_DIRECT.rows(connection, {"wallet": account.id})
+                for other in _OPEN_ON_WALLET.rows(connection, {"wallet": account.id})
                 # a server a valid pass pays for needs no credit
                 if not any(p.profile == other.profile and p.gpus >= other.gpus for p in valid)
             ]
@@ -589,7 +586,7 @@ class Postings:
                                 **values,
                             )
                         raise CapReached(message)
-            inserted = _NEW_SESSION.first(
+            session_id = _NEW_SESSION.inserted(
                 connection,
                 {
                     "wallet_id": account.id,
@@ -604,8 +601,6 @@ class Postings:
                     "environment": environment,
                 },
             )
-            assert inserted is not None  # one row inserted, its id returned
-            session_id = int(inserted.id)
             covering = [p for p in passes if p.profile == profile and p.gpus >= gpus]
             runway = session_runway(
                 covered_until=covered_until(((p.starts_at, p.ends_at) for p in covering), now),
@@ -713,7 +708,7 @@ class Postings:
         a reboot), as the meter closes a vanished one."""
         at = self.clock() if at is None else at
         with self.begin() as db:
-            ids = list(db.scalars(_OPEN_OF_SERVER, {"user": user, "server": server_name}))
+            ids = list(db.scalars(_OPEN_OF_SERVER.statement, {"user": user, "server": server_name}))
             closed = []
             for session_id in ids:
                 session = self._lock_session(db, session_id)

@@ -34,19 +34,16 @@ if TYPE_CHECKING:
 DAY = 86_400
 
 #: built once (a spawn reads it, bench/ledger_spawn.py): every price row in effect by `at`
-_PRICES_BY = (
+_PRICES_BY = Direct(
     select(Price.profile, Price.micros_per_hour)
     .where(Price.effective_from <= bindparam("at"))
     .order_by(Price.effective_from, Price.id)
 )
 
 
-_PRICES_BY_DIRECT = Direct(_PRICES_BY)
-
-
 def _prices_in_effect(connection: Connection | PooledConnection, at: int) -> dict[str, int]:
     current: dict[str, int] = {}
-    for profile, micros in _PRICES_BY_DIRECT.rows(connection, {"at": at}):
+    for profile, micros in _PRICES_BY.rows(connection, {"at": at}):
         current[profile] = micros  # a later row replaces an earlier one
     return current
 

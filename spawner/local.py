@@ -250,7 +250,7 @@ def write_record(data_dir: str, record: ServerRecord) -> None:
     """
     path = record_path(data_dir, record.owner)
     temporary = path + ".tmp"
-    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC
+    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC
     try:
         fd = os.open(temporary, flags, 0o600)
     except FileNotFoundError:  # the first record of this data folder
@@ -259,7 +259,7 @@ def write_record(data_dir: str, record: ServerRecord) -> None:
     try:
         os.fchmod(fd, 0o600)  # in case a crash left it with another mode
         data = record.to_json().encode()
-        while data:  # a record is far below a pipe's buffer: one write, in practice
+        while data:  # os.write may write less (a signal, a full disk): the rest again
             data = data[os.write(fd, data) :]
         os.fsync(fd)
     finally:

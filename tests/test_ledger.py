@@ -322,7 +322,7 @@ def test_a_pass_covers_a_spawn_only_if_it_lasts_the_minimum_minutes(make_ledger)
         ledger.open_session("jo", "two", "a800", 2, rate, min_seconds=600)
 
 
-def test_a_spawns_reads_are_the_prices_and_the_students_courses_of_one_moment(make_ledger):
+def test_a_spawns_reads_are_the_prices_in_effect_and_the_students_courses(make_ledger):
     from meterhub.billing_hooks.courses import RosterLine
 
     ledger, clock = make_ledger()
@@ -362,3 +362,55 @@ def test_a_direct_statements_database_errors_are_sqlalchemys(make_ledger):
     auth = ledger.open_session("amy", "", "debug", 0, to_micros("0.10"), min_seconds=60)
     ledger.mark_ready(auth.session_id)
     assert ledger.open_sessions()[0].ready_at is not None
+
+
+def test_a_lost_connection_is_sqlalchemys_error_and_never_goes_back_to_the_pool(tmp_path):
+    from sqlalchemy import select
+    from sqlalchemy.exc import DBAPIError
+
+    from meterhub.billing_hooks.db import Direct, direct_transaction
+    from meterhub.billing_hooks.orm import Price
+
+    engine = connect(f"sqlite:///{tmp_path}/ledger.sqlite")
+    ledger = Ledger(engine, clock=FakeClock())
+    prices = Direct(select(Price.profile))
+    for write in (False, True):
+        with pytest.raises(DBAPIError) as e, direct_transaction(engine, write) as pooled:
+            pooled.connection.driver_connection.close()  # the database's end goes away
+            prices.rows(pooled, {})
+        assert e.value.connection_invalidated
+    # the pool gave a new connection, not the dead one
+    assert ledger.spawn_reads("amy") == ({}, [])
+    auth = ledger.open_session("amy", "", "debug", 0, to_micros("0.10"), min_seconds=60)
+    ledger.mark_ready(auth.session_id)
+    assert ledger.open_sessions()[0].ready_at is not None
+
+
+def test_direct_refuses_what_it_cannot_run_and_inserts_without_returning(tmp_path):
+    """A statement whose values need converting, or that expands a parameter, is refused
+    when first compiled; on a database without INSERT ... RETURNING (SQLite before 3.35)
+    a session's id comes from the cursor."""
+    from sqlalchemy import bindparam, select
+
+    from meterhub.billing_hooks.db import Direct
+    from meterhub.billing_hooks.orm import GroupSettings, Price
+
+    engine = connect(f"sqlite:///{tmp_path}/ledger.sqlite")
+    refused = (
+        Direct(select(GroupSettings.default_for_members)),  # a Boolean: SQLite's 0/1
+        Direct(select(Price.profile).where(Price.profile.in_(bindparam("p", expanding=True)))),
+    )
+    with engine.begin() as connection:
+        for statement in refused:
+            with pytest.raises(ValueError, match="Direct cannot run"):
+                statement.rows(connection, {"p": ["a800"]})
+    engine.dialect.insert_returning = False
+    ledger = Ledger(engine, clock=FakeClock())
+    ids = [
+        ledger.open_session(user, "", "debug", 0, to_micros("0.10"), min_seconds=60).session_id
+        for user in ("amy", "bo", "cy")
+    ]
+    assert ids == [s.id for s in ledger.open_sessions()] and len(set(ids)) == 3
+    from meterhub.billing_hooks.postings import _NEW_SESSION
+
+    assert "RETURNING" not in _NEW_SESSION._sql(engine.dialect)[0]  # the cursor's id it was
