@@ -19,6 +19,8 @@ body instead (the figures before 2026-12-06's fifth stop), so that stock's Jupyt
 that commit.
 CPU seconds are utime+stime from /proc/PID/stat of the hub (meterhub: + its billing service)
 over the burst; the single-user servers and the proxy are not counted (the proxy's is shown).
+The hub's CPU is also shown split between its event loop's thread and its other threads
+(/proc/PID/task: meterhub's worker threads run its ledger and host work).
 Time to ready: from a user's spawn request to its route in the proxy (polled from the
 proxy's API every 0.1 s, which costs the hubs nothing). Failed servers are read from the
 hub's log, so neither hub is asked anything during the burst; after it, the REST API says
@@ -398,6 +400,21 @@ def cpu_seconds(pid: int) -> float:
     return sum(cpu_split(pid))
 
 
+def threads_cpu(pid: int) -> dict[int, float]:
+    """Each thread's user+system CPU seconds (thread id: seconds); the event loop's thread
+    has the process's id. A thread that ended meanwhile is not counted."""
+    tick = os.sysconf("SC_CLK_TCK")
+    seconds = {}
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            stat = Path(f"/proc/{pid}/task/{tid}/stat").read_text()
+        except OSError:
+            continue
+        fields = stat.rsplit(")", 1)[1].split()
+        seconds[int(tid)] = (int(fields[11]) + int(fields[12])) / tick
+    return seconds
+
+
 def cpu_split(pid: int) -> tuple[float, float]:
     """The process's own user and system CPU seconds."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
@@ -484,6 +501,7 @@ def burst(
         time.sleep(1)
     before = {what: cpu_seconds(pid) for what, pid in counted.items()}
     hub_before = cpu_split(counted["hub"])
+    threads_before = threads_cpu(counted["hub"])
     proxy_before = cpu_seconds(proxy)
     pool = ThreadPoolExecutor(len(names))
     for name in names:
@@ -510,6 +528,9 @@ def burst(
         b - a for a, b in zip(hub_before, cpu_split(counted["hub"]), strict=True)
     )
     proxy_cpu = cpu_seconds(proxy) - proxy_before
+    # the hub's event-loop thread, and its other threads (meterhub's worker threads)
+    spent = {t: s - threads_before.get(t, 0.0) for t, s in threads_cpu(counted["hub"]).items()}
+    loop_cpu = spent.pop(counted["hub"], 0.0)
     if mark_pid:
         os.kill(mark_pid, signal.SIGUSR2)
     if perf:
@@ -553,6 +574,8 @@ def burst(
         "hub_user": hub_user,
         "hub_system": hub_system,
         "proxy_cpu": proxy_cpu,
+        "loop_cpu": loop_cpu,
+        "threads_cpu": sum(spent.values()),
         "p50": statistics.median(times) if times else float("nan"),
         "p95": times[min(len(times) - 1, int(0.95 * len(times)))] if times else float("nan"),
         "max": times[-1] if times else float("nan"),
@@ -565,7 +588,8 @@ def show(label: str, r: dict) -> str:
         f"{label}: {r['ready']} ready ({r['answering']} answering through the proxy),"
         f" {r['failed']} failed, replies {r['replies']}; wall {r['wall']:.1f} s;"
         f" CPU {cpu} = {sum(r['cpu'].values()):.2f} s (hub: user {r['hub_user']:.2f},"
-        f" system {r['hub_system']:.2f}; proxy {r['proxy_cpu']:.1f} s);"
+        f" system {r['hub_system']:.2f}; its event loop's thread {r['loop_cpu']:.2f}, other"
+        f" threads {r['threads_cpu']:.2f}; proxy {r['proxy_cpu']:.1f} s);"
         f" time to ready p50 {r['p50']:.1f} s, p95 {r['p95']:.1f} s, max {r['max']:.1f} s"
     )
 
