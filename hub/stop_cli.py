@@ -14,6 +14,7 @@ import time
 
 from meterhub.i18n import _
 from meterhub.spawner import procs
+from meterhub.spawner.files import write_private
 from meterhub.spawner.procs import Process, read_process
 
 from .billing_cli import CliError
@@ -94,12 +95,7 @@ def stop_servers_path(data_dir: str) -> str:
 
 def _write_private(path: str, text: str) -> None:
     """Write a small file atomically, readable by this user only."""
-    temporary = f"{path}.{os.getpid()}.tmp"
-    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-    os.chmod(temporary, 0o600)  # an older file of that name may have had another mode
-    os.replace(temporary, path)
+    write_private(path, text, f"{path}.{os.getpid()}.tmp", durable=False)
 
 
 def _read_pid(path: str) -> int | None:

@@ -30,6 +30,8 @@ import time
 
 from meterhub.i18n import _
 
+from .files import write_private
+
 #: an archive's file name: when, then what for
 ARCHIVE_NAME = re.compile(r"^[0-9]{8}T[0-9]{6}Z-[a-z0-9._-]{1,80}\.tar\.gz\Z")
 
@@ -290,13 +292,7 @@ class _HashingReader:
 
 def _write_durably(path: str, text: str) -> None:
     """Write `path` (0600) through `.partial`, fsync'd, then renamed into place."""
-    partial = path + ".partial"
-    fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(partial, path)
+    write_private(path, text, path + ".partial")
     _fsync_dir(os.path.dirname(path))
 
 

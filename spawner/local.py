@@ -47,6 +47,7 @@ from meterhub.i18n import N_, _
 from . import cgroups, disk_archive, procs
 from .allocator import GpuAllocator, NotEnoughGpus
 from .catalog import Choice, GpuType, InvalidChoice
+from .files import write_private
 from .form import environment_options, render_options_form
 from .inventory import Gpu, declared_inventory, detect_inventory, device_nodes, visible_devices_env
 from .options import (
@@ -249,22 +250,11 @@ def write_record(data_dir: str, record: ServerRecord) -> None:
     could be archived until someone deleted it.
     """
     path = record_path(data_dir, record.owner)
-    temporary = path + ".tmp"
-    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC
     try:
-        fd = os.open(temporary, flags, 0o600)
+        write_private(path, record.to_json(), path + ".tmp")
     except FileNotFoundError:  # the first record of this data folder
         os.makedirs(records_dir(data_dir), mode=0o700, exist_ok=True)
-        fd = os.open(temporary, flags, 0o600)
-    try:
-        os.fchmod(fd, 0o600)  # in case a crash left it with another mode
-        data = record.to_json().encode()
-        while data:  # os.write may write less (a signal, a full disk): the rest again
-            data = data[os.write(fd, data) :]
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(temporary, path)
+        write_private(path, record.to_json(), path + ".tmp")
 
 
 def read_record(data_dir: str, owner: str) -> ServerRecord | None:
