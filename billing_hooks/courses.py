@@ -29,7 +29,7 @@ from sqlalchemy.exc import IntegrityError
 from meterhub.i18n import _
 
 from . import labwindows
-from .db import Direct
+from .db import Direct, direct_transaction
 from .orm import (
     AT_WINDOW_END,
     CAP_PERIODS,
@@ -52,7 +52,6 @@ from .postings import (
 from .wallets import USER_NAME, WalletRef, allowance_ref, fold, period_start
 
 if TYPE_CHECKING:
-    from sqlalchemy.engine import Connection
     from sqlalchemy.orm import Session
 
     from .db import PooledConnection
@@ -363,10 +362,10 @@ class Courses(LedgerPart):
 
     def student_courses(self, user: str) -> list[str]:
         """The courses `user` is a student of."""
-        with self.engine.begin() as connection:
+        with direct_transaction(self.engine) as connection:
             return self._student_courses(connection, user)
 
-    def _student_courses(self, connection: Connection | PooledConnection, user: str) -> list[str]:
+    def _student_courses(self, connection: PooledConnection, user: str) -> list[str]:
         return [name for (name,) in _STUDENT_COURSES.rows(connection, {"user": user})]
 
     def staff_courses(self, user: str) -> list[str]:

@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
     from contextlib import contextmanager
 
-    from sqlalchemy.engine import Connection, Engine, Row
+    from sqlalchemy.engine import Engine, Row
     from sqlalchemy.orm import Session
 
     from .db import PooledConnection
@@ -41,7 +41,7 @@ _PRICES_BY = Direct(
 )
 
 
-def _prices_in_effect(connection: Connection | PooledConnection, at: int) -> dict[str, int]:
+def _prices_in_effect(connection: PooledConnection, at: int) -> dict[str, int]:
     current: dict[str, int] = {}
     for profile, micros in _PRICES_BY.rows(connection, {"at": at}):
         current[profile] = micros  # a later row replaces an earlier one
@@ -76,9 +76,7 @@ class Queries:
         clock: Callable[[], int]
         engine: Engine
 
-        def _student_courses(
-            self, connection: Connection | PooledConnection, user: str
-        ) -> list[str]: ...
+        def _student_courses(self, connection: PooledConnection, user: str) -> list[str]: ...
 
         @contextmanager
         def begin(self) -> Iterator[Session]: ...
@@ -185,7 +183,7 @@ class Queries:
         """{profile: micros per hour} of the admins' prices in effect at `at` (now): each
         profile's latest row effective by then. Profiles not listed use the site config."""
         at = self.clock() if at is None else at
-        with self.engine.begin() as connection:
+        with direct_transaction(self.engine) as connection:
             return _prices_in_effect(connection, at)
 
     def spawn_reads(self, user: str, at: int | None = None) -> SpawnReads:

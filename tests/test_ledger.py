@@ -89,9 +89,9 @@ def test_a_stale_session_a_spawn_closes_is_charged_before_its_credit_check(make_
 
 def test_the_spawns_transactions_begin_as_sqlite_should(tmp_path):
     """As SQLite runs them (its own trace of every statement, those that bypass SQLAlchemy
-    too): mark_ready and the Core transactions begin with BEGIN IMMEDIATE (the write lock
-    at once, as the ORM's do: a read-then-write never deadlocks); a spawn's reads begin with
-    BEGIN (one snapshot, no lock against writers); each commits."""
+    too): mark_ready and the ORM's transactions begin with BEGIN IMMEDIATE (the write lock
+    at once: a read-then-write never deadlocks); the direct reads (a spawn's, the prices, a
+    student's courses) begin with BEGIN (no lock against writers); each commits."""
     engine = connect(f"sqlite:///{tmp_path}/ledger.sqlite")
     statements: list[str] = []
 
@@ -111,8 +111,9 @@ def test_the_spawns_transactions_begin_as_sqlite_should(tmp_path):
     assert run(ledger.mark_ready, auth.session_id) == ["BEGIN IMMEDIATE", "UPDATE", "COMMIT"]
     assert ledger.open_sessions()[0].ready_at is not None
     assert run(ledger.spawn_reads, "tia") == ["BEGIN", "SELECT", "SELECT", "COMMIT"]
-    assert run(ledger.price_overrides) == ["BEGIN IMMEDIATE", "SELECT", "COMMIT"]
-    assert run(ledger.student_courses, "tia") == ["BEGIN IMMEDIATE", "SELECT", "COMMIT"]
+    assert run(ledger.price_overrides) == ["BEGIN", "SELECT", "COMMIT"]
+    assert run(ledger.student_courses, "tia") == ["BEGIN", "SELECT", "COMMIT"]
+    assert run(ledger.balance, "tia") == ["BEGIN IMMEDIATE", "SELECT", "COMMIT"]  # the ORM's
     opened = run(ledger.open_session, "tia", "two", "debug", 0, to_micros("0.10"), 60)
     assert opened[0] == "BEGIN IMMEDIATE" and opened[-1] == "COMMIT" and "INSERT" in opened
 
